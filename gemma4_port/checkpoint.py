@@ -1,0 +1,153 @@
+"""Checkpoints: random ones materialised as real Hugging Face folders, real ones downloaded with
+huggingface_hub, and a strict reader that finds each tensor under whichever prefix the file uses."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from .manifest import Manifest, RandomModel
+from .tokenizer import END_TURN_ID, EOS_ID, train_tokenizer
+
+# Hub checkpoints are saved by the multimodal class; the text decoder lives under this prefix.
+MULTIMODAL_PREFIX = "model.language_model."
+TEXT_PREFIX = "model."
+TEXT_MODEL_TYPES = ("gemma4", "gemma4_unified", "gemma4_text", "gemma4_unified_text")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GEMMA4_INF2_CACHE", Path.home() / ".cache" / "gemma4-inf2"))
+
+
+def resolve_checkpoint(manifest: Manifest, progress=None) -> Path:
+    """The local folder holding the manifest's checkpoint, creating or downloading it if needed."""
+    src = manifest.model
+    if src.random is not None:
+        key = hashlib.sha256(src.random.model_dump_json().encode()).hexdigest()[:12]
+        folder = cache_root() / "random" / f"{manifest.name}-{key}"
+        if not (folder / "done").exists():
+            write_random_checkpoint(src.random, folder)
+        return folder
+    if Path(src.source).expanduser().is_dir():
+        return Path(src.source).expanduser()
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(
+            src.source, revision=src.revision,
+            allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"],
+        ))
+    except Exception as exc:
+        raise CheckpointError(
+            f"cannot download {src.source}@{src.revision or 'main'}: {exc} "
+            "(gated models need `huggingface-cli login` or HF_TOKEN)"
+        ) from None
+
+
+def _randomise(model: torch.nn.Module, spec: RandomModel) -> None:
+    """Weights that exercise what matters: layer_scalar far from 1, logits past the softcap."""
+    gen = torch.Generator().manual_seed(spec.seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(spec.init_std * torch.randn(p.shape, generator=gen))
+        model.model.norm.weight.copy_(3.0 + 2.0 * torch.rand(model.model.norm.weight.shape, generator=gen))
+        for layer in model.model.layers:
+            layer.layer_scalar.copy_(0.2 + 0.6 * torch.rand(1, generator=gen))
+
+
+def write_random_checkpoint(spec: RandomModel, folder: Path) -> None:
+    """A folder laid out like a hub download of `Gemma4ForConditionalGeneration`, same bytes per seed."""
+    from safetensors.torch import save_file
+    from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4TextConfig, GenerationConfig
+
+    text = Gemma4TextConfig(**spec.config)
+    model = Gemma4ForCausalLM(text)
+    _randomise(model, spec)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for key, value in model.state_dict().items():
+        if key == "lm_head.weight" and text.tie_word_embeddings:
+            continue
+        tensors[MULTIMODAL_PREFIX + key.removeprefix(TEXT_PREFIX) if key.startswith(TEXT_PREFIX) else key] = (
+            value.contiguous().clone()
+        )
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    full = Gemma4Config(text_config=text, vision_config=None, audio_config=None)
+    full.architectures = ["Gemma4ForConditionalGeneration"]
+    full.save_pretrained(folder)
+    GenerationConfig(
+        bos_token_id=text.bos_token_id, pad_token_id=text.pad_token_id,
+        eos_token_id=[EOS_ID, END_TURN_ID], do_sample=False,
+    ).save_pretrained(folder)
+    train_tokenizer(text.vocab_size, spec.seed).save_pretrained(folder)
+    (folder / "done").write_text("")
+
+
+def read_text_config(folder: Path):
+    """The text-decoder config, whether the checkpoint is multimodal, unified or text-only."""
+    from transformers import Gemma4TextConfig
+
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder}/config.json is missing") from None
+    model_type = raw.get("model_type")
+    if model_type not in TEXT_MODEL_TYPES:
+        raise CheckpointError(f"{folder}/config.json: model_type {model_type!r} is not one of {TEXT_MODEL_TYPES}")
+    text = raw.get("text_config", raw)
+    text = {k: v for k, v in text.items() if k not in ("model_type", "architectures", "transformers_version")}
+    return Gemma4TextConfig(**text)
+
+
+class CheckpointReader:
+    """Tensors by text-decoder key ("layers.0.self_attn.q_proj.weight"), under any known prefix."""
+
+    PREFIXES = (MULTIMODAL_PREFIX, TEXT_PREFIX, "")
+
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+
+        self.folder = folder
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{folder}: no *.safetensors files")
+        self._handles = [safe_open(str(f), framework="pt") for f in files]
+        self._where = {k: h for h in self._handles for k in h.keys()}
+
+    def _resolve(self, key: str) -> str | None:
+        for prefix in self.PREFIXES:
+            if prefix + key in self._where:
+                return prefix + key
+        return None
+
+    def has(self, key: str) -> bool:
+        return self._resolve(key) is not None
+
+    def get(self, key: str) -> torch.Tensor:
+        full = self._resolve(key)
+        if full is None:
+            raise CheckpointError(
+                f"{self.folder}: checkpoint has no tensor {key!r} (looked under prefixes {self.PREFIXES})"
+            )
+        return self._where[full].get_tensor(full)
+
+    def get_slice(self, key: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """Only the rows/columns one tensor-parallel rank owns, without reading the rest."""
+        full = self._resolve(key)
+        if full is None:
+            return self.get(key)
+        sl = self._where[full].get_slice(full)
+        index = [slice(None)] * len(sl.get_shape())
+        index[dim] = slice(start, stop)
+        return sl[tuple(index)]

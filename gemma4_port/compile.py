@@ -1,0 +1,198 @@
+"""`build.py compile`: manifest -> artifact directory (graphs, host tables, tokenizer, artifact.json)."""
+
+from __future__ import annotations
+
+import datetime
+import math
+import platform
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from runtime.artifact import (
+    ARTIFACT_FORMAT, HOST_TABLES, ArtifactMeta, Geometry, Golden, Rope, sha256, write_meta,
+)
+from runtime.hostside import DTYPES, HostInputs
+from runtime.tokenizer import load_tokenizer
+
+from .checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
+from .graphs import DecodeGraph, PrefillGraph, input_names
+from .lint import check_traced
+from .manifest import Manifest, Variant
+from .model import Gemma4Decoder, kinds_present, kv_shapes
+from .reference import load_reference, reference_greedy
+from .sharding import ModelShard, shard_model
+
+GOLDEN_STEPS = 8
+GOLDEN_PROMPTS = (
+    ("capital", "text", "The capital of France is"),
+    ("hello", "text", "hello world"),
+    ("chat", "chat", "Capital of France?"),
+)
+
+
+class CompileError(RuntimeError):
+    pass
+
+
+def rope_inv_freq(config, kind: str, head_dim: int) -> list[float]:
+    """Inverse frequencies per attention kind; proportional RoPE rotates only a leading fraction."""
+    params = config.rope_parameters["full_attention" if kind == "full" else "sliding_attention"]
+    theta, rope_type = params["rope_theta"], params.get("rope_type", "default")
+    if rope_type == "default":
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    elif rope_type == "proportional":
+        angles = int(params.get("partial_rotary_factor", 1.0) * head_dim // 2)
+        rotated = 1.0 / (theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.float) / head_dim))
+        inv = torch.cat((rotated, torch.zeros(head_dim // 2 - angles)))
+        inv = inv / params.get("factor", 1.0)
+    else:
+        raise CompileError(f"rope_type {rope_type!r} for {kind} layers is not supported (default, proportional)")
+    return inv.tolist()
+
+
+def geometry(config, shard: ModelShard, variant: Variant) -> Geometry:
+    kinds = kinds_present(shard)
+    head_dims = {s.kind: s.head_dim for s in shard.layers}
+    return Geometry(
+        hidden=shard.hidden, vocab=shard.vocab, num_layers=shard.num_layers, ple_dim=shard.ple_dim,
+        sliding_window=shard.sliding_window, kinds=kinds,
+        rope={k: Rope(head_dim=head_dims[k], inv_freq=rope_inv_freq(config, k, head_dims[k])) for k in kinds},
+        kv_shapes=kv_shapes(shard, variant.batch, variant.kv_max),
+        embed_scale=math.sqrt(shard.hidden), ple_scale=math.sqrt(shard.ple_dim) if shard.ple_dim else 1.0,
+        softcap=config.final_logit_softcapping, dtype=variant.dtype, batch=variant.batch,
+        buckets=variant.buckets, kv_max=variant.kv_max, tp=variant.tp,
+        inputs={g: tuple(input_names(shard, g)) for g in ("prefill", "decode")},
+    )
+
+
+@dataclass
+class _Tables:
+    embed: torch.Tensor
+    ple: torch.Tensor | None
+
+
+def host_tables(reader: CheckpointReader, geo: Geometry) -> _Tables:
+    dtype = DTYPES[geo.dtype]
+    ple = reader.get("embed_tokens_per_layer.weight").to(dtype).contiguous() if geo.ple_dim else None
+    return _Tables(reader.get("embed_tokens.weight").to(dtype).contiguous(), ple)
+
+
+def example_inputs(host: HostInputs, geo: Geometry, graph: str, bucket: int = 0):
+    dtype = DTYPES[geo.dtype]
+    kv = tuple(torch.zeros(s, dtype=dtype) for s in geo.kv_shapes)
+    if graph == "prefill":
+        return host.prefill([1] * max(1, bucket // 2), bucket, 0, kv)
+    return host.decode([1] * geo.batch, [bucket] * geo.batch, kv)
+
+
+def golden_prompts(tokenizer) -> list[tuple[str, list[int]]]:
+    out = []
+    for name, kind, text in GOLDEN_PROMPTS:
+        if kind == "chat":
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)
+        else:
+            ids = tokenizer(text).input_ids
+        out.append((name, list(ids)))
+    return out
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "tokenizers", "safetensors"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def trace_cpu(decoder: Gemma4Decoder, host: HostInputs, geo: Geometry, folder: Path, prefix: str = "") -> dict:
+    """TorchScript graphs: one prefill per bucket and one decode, each traced at its own shape."""
+    graphs = {}
+    jobs = [(f"prefill_{b}", PrefillGraph(decoder), example_inputs(host, geo, "prefill", b)) for b in geo.buckets]
+    jobs.append(("decode", DecodeGraph(decoder), example_inputs(host, geo, "decode")))
+    for name, module, inputs in jobs:
+        traced = torch.jit.trace(module.eval(), inputs, check_trace=False)
+        check_traced(traced, prefix + name, geo.vocab)
+        rel = f"graphs/{prefix}{name}.pt"
+        torch.jit.save(traced, str(folder / rel))
+        graphs[prefix + name] = rel
+    return graphs
+
+
+@contextmanager
+def _step(progress, text: str):
+    task = progress.add_task(text, total=None) if progress else None
+    yield
+    if progress:
+        progress.update(task, total=1, completed=1)
+
+
+def compile_artifact(manifest: Manifest, variant: Variant, out: Path, backend: str = "cpu", progress=None) -> Path:
+    if backend == "neuron":
+        from .neuron import compile_neuron
+
+        return compile_neuron(manifest, variant, out, progress)
+    if variant.tp > 1:
+        from .tp import compile_tp_cpu
+
+        return compile_tp_cpu(manifest, variant, out, progress)
+    torch.set_grad_enabled(False)
+    with _step(progress, "checkpoint"):
+        ckpt = resolve_checkpoint(manifest)
+        config = read_text_config(ckpt)
+        reader = CheckpointReader(ckpt)
+    shard = shard_model(config, tp=1)
+    geo = geometry(config, shard, variant)
+    _prepare(out, ckpt)
+    tables = host_tables(reader, geo)
+    with _step(progress, "load weights (strict key map)"):
+        decoder = Gemma4Decoder(shard, DTYPES[variant.dtype])
+        decoder.load_weights(reader)
+    host = HostInputs(geo, tables)
+    with _step(progress, f"trace {len(geo.buckets)} prefill graph(s) + decode, lint"):
+        graphs = trace_cpu(decoder, host, geo, out)
+    return _finish(manifest, variant, out, ckpt, geo, graphs, tables, "cpu", progress)
+
+
+def _prepare(out: Path, ckpt: Path) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "graphs").mkdir(parents=True)
+    (out / "host").mkdir()
+    tok = load_tokenizer(ckpt)
+    tok.save_pretrained(out / "tokenizer")
+    shutil.copy(ckpt / "config.json", out / "config.json")
+
+
+def _finish(manifest, variant, out, ckpt, geo, graphs, tables, backend, progress, extra_versions=None) -> Path:
+    from safetensors.torch import save_file
+
+    blobs = {"embed_tokens": tables.embed}
+    if tables.ple is not None:
+        blobs["embed_tokens_per_layer"] = tables.ple
+    save_file(blobs, str(out / HOST_TABLES))
+    with _step(progress, "golden tokens from the float reference (transformers, CPU)"):
+        tok = load_tokenizer(out / "tokenizer")
+        ref = load_reference(ckpt)
+        golden = tuple(Golden(name=n, ids=ids, tokens=reference_greedy(ref, ids, GOLDEN_STEPS)[0])
+                       for n, ids in golden_prompts(tok))
+    with _step(progress, "sha256 of every file"):
+        files = {str(p.relative_to(out)): sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
+    eos = tok.convert_tokens_to_ids(["<end_of_turn>"]) if "<end_of_turn>" in tok.get_vocab() else []
+    meta = ArtifactMeta(
+        format=ARTIFACT_FORMAT, name=manifest.name, variant=variant.name, backend=backend,
+        manifest=manifest.model_dump(mode="json"), versions=versions() | (extra_versions or {}),
+        geometry=geo, graphs=graphs, files=files, golden=golden,
+        eos_token_ids=tuple(sorted({tok.eos_token_id, *eos})), checkpoint=str(ckpt),
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+    write_meta(out, meta)
+    return out

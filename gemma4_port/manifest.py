@@ -1,0 +1,141 @@
+"""Per-model build manifests: YAML in, typed frozen objects out, validated once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+
+class ManifestError(ValueError):
+    """One clear line: the file, the field, what is wrong and what is allowed."""
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class RandomModel(_Frozen):
+    config: dict[str, Any]
+    seed: int = 0
+    init_std: float = Field(0.3, gt=0, description="std of random weights; large so the softcap bites")
+
+    @field_validator("config")
+    @classmethod
+    def _config_is_a_text_config(cls, config: dict[str, Any]) -> dict[str, Any]:
+        from transformers import Gemma4TextConfig
+
+        try:
+            Gemma4TextConfig(**config)
+        except Exception as exc:  # transformers raises several types for bad fields
+            raise ValueError(f"not a valid Gemma4TextConfig: {exc}") from None
+        return config
+
+
+class ModelSource(_Frozen):
+    source: str | None = Field(None, description="Hugging Face repo id or a local checkpoint folder")
+    revision: str | None = None
+    random: RandomModel | None = None
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ModelSource:
+        if (self.source is None) == (self.random is None):
+            raise ValueError("give exactly one of `source` (repo id or folder) and `random`")
+        return self
+
+
+class Toolchain(_Frozen):
+    neuron_sdk: str
+    torch_neuronx: str
+    neuronx_cc: str
+    neuronx_distributed: str
+    transformers: str
+    compiler_args: tuple[str, ...] = (
+        "--model-type", "transformer", "--auto-cast", "all", "--auto-cast-type", "bf16",
+    )
+
+
+class Variant(_Frozen):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    tp: Literal[1, 2] = 1
+    batch: int = Field(1, ge=1, le=64)
+    buckets: tuple[int, ...] = Field(min_length=1)
+    kv_max: int = Field(ge=2)
+    dtype: Literal["float32", "bfloat16"] = "bfloat16"
+    prefill: Literal["device", "host"] = "device"
+
+    @model_validator(mode="after")
+    def _buckets_fit(self) -> Variant:
+        if list(self.buckets) != sorted(set(self.buckets)) or self.buckets[0] < 1:
+            raise ValueError(f"buckets must be positive and strictly increasing, got {list(self.buckets)}")
+        if self.buckets[-1] >= self.kv_max:
+            raise ValueError(
+                f"the largest bucket ({self.buckets[-1]}) must be smaller than kv_max ({self.kv_max}) "
+                "so that at least one token can be generated"
+            )
+        return self
+
+
+class Images(_Frozen):
+    repository: str
+    tags: dict[str, str] = Field(default_factory=dict, description="flavour (base, slim, tp2-slim, ...) -> tag")
+    variant: str | None = Field(None, description="variant baked into the images; default: the first")
+
+
+class Manifest(_Frozen):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    model: ModelSource
+    toolchain: Toolchain
+    variants: tuple[Variant, ...] = Field(min_length=1)
+    images: Images | None = None
+    path: Path | None = Field(None, exclude=True)
+
+    @model_validator(mode="after")
+    def _variant_names_unique(self) -> Manifest:
+        names = [v.name for v in self.variants]
+        if len(names) != len(set(names)):
+            raise ValueError(f"variant names must be unique, got {names}")
+        if self.images and self.images.variant and self.images.variant not in names:
+            raise ValueError(f"images.variant {self.images.variant!r} is not one of {names}")
+        return self
+
+    def variant(self, name: str | None) -> Variant:
+        if name is None:
+            return self.variants[0]
+        for v in self.variants:
+            if v.name == name:
+                return v
+        raise ManifestError(
+            f"{self.path or self.name}: no variant {name!r}; choose one of {[v.name for v in self.variants]}"
+        )
+
+
+def _location(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "(top level)"
+
+
+def parse_manifest(data: Any, origin: str) -> Manifest:
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
+        raise ManifestError(f"{origin}: {_location(err['loc'])}: {err['msg']}{more}") from None
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise ManifestError(f"{path}: no such manifest file") from None
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ManifestError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return parse_manifest({**data, "path": path}, str(path))

@@ -1,0 +1,303 @@
+"""The Gemma-4 text decoder as a device graph.
+
+Static shapes; KV buffers `(B, KVH, K, D)` only for layers that own a cache (kv-shared layers read
+their owner's); cache writes by one-hot arithmetic; rotary tables and masks come from the host;
+word and per-layer embeddings are looked up on the host; explicit tanh-GELU and matmul attention;
+raw logits out (the softcap is monotonic, so argmax is unchanged; the host applies it to sample).
+
+Shapes: B batch slots, S prompt bucket, K kv_max, H hidden, L layers, P PLE width, V vocab,
+Hq/KVH this rank's query/KV heads, D head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .sharding import LayerShard, ModelShard
+
+
+class WeightError(RuntimeError):
+    pass
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+class RMSNorm(nn.Module):
+    """Computed in float32 and multiplied by `weight` (not 1 + weight), as Gemma-4 does."""
+
+    def __init__(self, dim: int, eps: float, with_scale: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        y = y * torch.pow(y.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        if self.weight is not None:
+            y = y * self.weight.float()
+        return y.type_as(x)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, S, h, D); cos/sin (B, S, D) from the host."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (B, S, h, D)
+    return x * cos.unsqueeze(2) + rotated * sin.unsqueeze(2)
+
+
+def linear(n_in: int, n_out: int) -> nn.Linear:
+    return nn.Linear(n_in, n_out, bias=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, s: LayerShard, hidden: int, eps: float):
+        super().__init__()
+        self.s = s
+        self.q_proj = linear(hidden, s.q_heads * s.head_dim)
+        self.q_norm = RMSNorm(s.head_dim, eps)
+        if s.owns_cache:
+            self.k_proj = linear(hidden, s.kv_heads * s.head_dim)
+            self.v_proj = None if s.k_eq_v else linear(hidden, s.kv_heads * s.head_dim)
+            self.k_norm = RMSNorm(s.head_dim, eps)
+            self.v_norm = RMSNorm(s.head_dim, eps, with_scale=False)
+        self.o_proj = linear(s.q_heads * s.head_dim, hidden)
+
+    def query(self, x, cos, sin):
+        B, S, _ = x.shape
+        q = self.q_proj(x).view(B, S, self.s.q_heads, self.s.head_dim)  # (B, S, Hq, D)
+        return rotate(self.q_norm(q), cos, sin).transpose(1, 2)  # (B, Hq, S, D)
+
+    def key_value(self, x, cos, sin):
+        B, S, _ = x.shape
+        k = self.k_proj(x).view(B, S, self.s.kv_heads, self.s.head_dim)  # (B, S, KVH, D)
+        # attention_k_eq_v: V is the raw k_proj output, taken before k_norm and RoPE.
+        v = k if self.v_proj is None else self.v_proj(x).view(B, S, self.s.kv_heads, self.s.head_dim)
+        k = rotate(self.k_norm(k), cos, sin).transpose(1, 2)  # (B, KVH, S, D)
+        v = self.v_norm(v).transpose(1, 2)  # (B, KVH, S, D)
+        return k, v
+
+    def attend(self, q, k, v, mask):
+        """q (B, Hq, S, D); k, v (B, KVH, T, D); mask (B, 1, S, T) additive. Scaling is 1.0."""
+        B, _, S, D = q.shape
+        s = self.s
+        k = k[:, s.kv_use_start:s.kv_use_start + s.kv_use].unsqueeze(2)  # (B, KVu, 1, T, D)
+        v = v[:, s.kv_use_start:s.kv_use_start + s.kv_use].unsqueeze(2)  # (B, KVu, 1, T, D)
+        q = q.reshape(B, s.kv_use, s.groups, S, D)  # (B, KVu, G, S, D)
+        scores = torch.matmul(q, k.transpose(-1, -2)) + mask.unsqueeze(1)  # (B, KVu, G, S, T)
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        out = torch.matmul(probs, v)  # (B, KVu, G, S, D)
+        out = out.reshape(B, s.q_heads, S, D).transpose(1, 2).reshape(B, S, s.q_heads * D)  # (B, S, Hq*D)
+        return self.o_proj(out)  # (B, S, H), a partial sum when tp > 1
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, width: int):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = linear(hidden, width), linear(hidden, width), linear(width, hidden)
+
+    def forward(self, x):
+        return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, s: LayerShard, m: ModelShard):
+        super().__init__()
+        self.s = s
+        self.self_attn = Attention(s, m.hidden, m.eps)
+        self.mlp = MLP(m.hidden, s.intermediate)
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            setattr(self, name, RMSNorm(m.hidden, m.eps))
+        self.register_buffer("layer_scalar", torch.full((1,), float("nan")))  # must come from the checkpoint
+        if m.ple_dim:
+            self.per_layer_input_gate = linear(m.hidden, m.ple_dim)
+            self.per_layer_projection = linear(m.ple_dim, m.hidden)
+            self.post_per_layer_input_norm = RMSNorm(m.hidden, m.eps)
+
+
+@dataclass(frozen=True)
+class WeightEntry:
+    """A module tensor, the checkpoint key it comes from, and the slice this rank keeps."""
+
+    name: str
+    key: str
+    dim: int | None = None
+    start: int = 0
+    stop: int = 0
+
+
+class Gemma4Decoder(nn.Module):
+    def __init__(self, m: ModelShard, dtype: torch.dtype = torch.float32, reduce=None):
+        super().__init__()
+        self.m = m
+        self.layers = nn.ModuleList(Layer(s, m) for s in m.layers)
+        self.norm = RMSNorm(m.hidden, m.eps)
+        self.lm_head = linear(m.hidden, m.vocab)
+        if m.ple_dim:
+            self.per_layer_model_projection = linear(m.hidden, m.num_layers * m.ple_dim)
+            self.per_layer_projection_norm = RMSNorm(m.ple_dim, m.eps)
+        # All-reduce after row-parallel projections; identity on one rank.
+        self.reduce = reduce or (lambda x: x)
+        self.to(dtype)
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def weight_map(self) -> list[WeightEntry]:
+        """Every tensor the module needs and its checkpoint key: strict, buffers included."""
+        m, out = self.m, []
+        out.append(WeightEntry("norm.weight", "norm.weight"))
+        out.append(WeightEntry("lm_head.weight", "embed_tokens.weight" if m.tied else "lm_head.weight"))
+        if m.ple_dim:
+            out += [WeightEntry(f"{n}.weight", f"{n}.weight")
+                    for n in ("per_layer_model_projection", "per_layer_projection_norm")]
+        for s in m.layers:
+            p = f"layers.{s.index}."
+            D = s.head_dim
+            q_rows = (0, s.q_start * D, (s.q_start + s.q_heads) * D)
+            kv_rows = (0, s.kv_start * D, (s.kv_start + s.kv_heads) * D)
+            mlp_rows = (0, s.intermediate_start, s.intermediate_start + s.intermediate)
+            mlp_cols = (1, *mlp_rows[1:])
+            out.append(WeightEntry(p + "self_attn.q_proj.weight", p + "self_attn.q_proj.weight", *q_rows))
+            out.append(WeightEntry(p + "self_attn.o_proj.weight", p + "self_attn.o_proj.weight", 1, *q_rows[1:]))
+            out.append(WeightEntry(p + "self_attn.q_norm.weight", p + "self_attn.q_norm.weight"))
+            if s.owns_cache:
+                out.append(WeightEntry(p + "self_attn.k_proj.weight", p + "self_attn.k_proj.weight", *kv_rows))
+                out.append(WeightEntry(p + "self_attn.k_norm.weight", p + "self_attn.k_norm.weight"))
+                if not s.k_eq_v:
+                    out.append(WeightEntry(p + "self_attn.v_proj.weight", p + "self_attn.v_proj.weight", *kv_rows))
+            out.append(WeightEntry(p + "mlp.gate_proj.weight", p + "mlp.gate_proj.weight", *mlp_rows))
+            out.append(WeightEntry(p + "mlp.up_proj.weight", p + "mlp.up_proj.weight", *mlp_rows))
+            out.append(WeightEntry(p + "mlp.down_proj.weight", p + "mlp.down_proj.weight", *mlp_cols))
+            for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                      "post_feedforward_layernorm"):
+                out.append(WeightEntry(p + n + ".weight", p + n + ".weight"))
+            out.append(WeightEntry(p + "layer_scalar", p + "layer_scalar"))
+            if m.ple_dim:
+                out += [WeightEntry(p + f"{n}.weight", p + f"{n}.weight")
+                        for n in ("per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm")]
+        return out
+
+    @torch.no_grad()
+    def load_weights(self, reader) -> None:
+        """Copy each mapped tensor (this rank's slice) in; a missing key or shape fails by name."""
+        tensors = dict(self.named_parameters()) | dict(self.named_buffers())
+        wanted = self.weight_map()
+        unmapped = set(tensors) - {e.name for e in wanted}
+        if unmapped:
+            raise WeightError(f"module tensors with no checkpoint key: {sorted(unmapped)}")
+        for e in wanted:
+            src = reader.get(e.key) if e.dim is None else reader.get_slice(e.key, e.dim, e.start, e.stop)
+            dst = tensors[e.name]
+            if tuple(src.shape) != tuple(dst.shape):
+                raise WeightError(f"checkpoint tensor {e.key!r} has shape {tuple(src.shape)}, "
+                                  f"{e.name} needs {tuple(dst.shape)}")
+            dst.copy_(src.to(dst.dtype))
+
+    # -- graph pieces ----------------------------------------------------------------------------
+
+    def project_ple(self, h: torch.Tensor, ple: torch.Tensor) -> torch.Tensor:
+        """h (B, S, H), ple (B, S, L, P) raw host lookup -> mixed per-layer inputs (B, S, L, P)."""
+        B, S, _ = h.shape
+        proj = self.per_layer_model_projection(h) * (self.m.hidden ** -0.5)  # (B, S, L*P)
+        proj = self.per_layer_projection_norm(proj.view(B, S, self.m.num_layers, self.m.ple_dim))  # (B, S, L, P)
+        return (proj + ple) * (2.0 ** -0.5)
+
+    def layer_tail(self, layer: Layer, h, attn_out, ple_i):
+        """Everything in a decoder layer after attention: norms, MLP, PLE, layer_scalar."""
+        h = h + layer.post_attention_layernorm(self.reduce(attn_out))
+        x = layer.pre_feedforward_layernorm(h)
+        h = h + layer.post_feedforward_layernorm(self.reduce(layer.mlp(x)))
+        if self.m.ple_dim:
+            g = gelu_tanh(layer.per_layer_input_gate(h)) * ple_i  # (B, S, P)
+            h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(g))
+        return h * layer.layer_scalar
+
+    def logits(self, h_last: torch.Tensor) -> torch.Tensor:
+        """h_last (B, H) -> raw logits (B, V); no softcap on the device."""
+        return self.lm_head(self.norm(h_last))
+
+    def prefill(self, h, ple, rope, masks, last, slot, kv):
+        """One right-padded prompt into one slot.
+
+        h (1, S, H); ple (1, S, L, P) or None; rope {kind: (cos, sin) (1, S, D)}; masks {kind: (1, 1, S, S)};
+        last (1, S) one-hot of the last real token; slot (B,) one-hot; kv: 2 tensors per cache (B, KVH, K, D).
+        Returns raw logits (1, V) and the new KV tensors with the slot replaced by the prompt's K/V.
+        """
+        if self.m.ple_dim:
+            ple = self.project_ple(h, ple)
+        fresh: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for layer in self.layers:
+            s = layer.s
+            if s.index == self.m.first_shared:
+                # kv-shared layers write no cache: only the last position feeds the logits.
+                pick = last.unsqueeze(1)  # (1, 1, S)
+                h = torch.matmul(pick, h)  # (1, 1, H)
+                if self.m.ple_dim:
+                    ple = torch.einsum("bs,bsld->bld", last, ple).unsqueeze(1)  # (1, 1, L, P)
+                rope = {k: (torch.matmul(pick, c), torch.matmul(pick, n)) for k, (c, n) in rope.items()}  # (1, 1, D)
+                masks = {k: torch.matmul(pick.unsqueeze(1), v) for k, v in masks.items()}  # (1, 1, 1, S)
+            cos, sin = rope[s.kind]
+            x = layer.input_layernorm(h)
+            q = layer.self_attn.query(x, cos, sin)
+            if s.owns_cache:
+                fresh.append(layer.self_attn.key_value(x, cos, sin))
+            k, v = fresh[s.cache]
+            a = layer.self_attn.attend(q, k, v, masks[s.kind])
+            h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.m.ple_dim else None)
+        if self.m.first_shared == self.m.num_layers:
+            h = torch.matmul(last.unsqueeze(1), h)  # (1, 1, H)
+        K = kv[0].shape[2]
+        sel = slot.view(-1, 1, 1, 1).to(kv[0].dtype)  # (B, 1, 1, 1)
+        new_kv = []
+        for c, (k, v) in enumerate(fresh):
+            for old, new in ((kv[2 * c], k), (kv[2 * c + 1], v)):
+                new = F.pad(new, (0, 0, 0, K - new.shape[2]))  # (1, KVH, K, D): the whole slot is replaced
+                new_kv.append(old * (1 - sel) + new * sel)
+        return self.logits(h[:, 0]), new_kv
+
+    def decode(self, h, ple, rope, masks, write, kv):
+        """One token for every slot.
+
+        h (B, 1, H); ple (B, 1, L, P) or None; rope {kind: (cos, sin) (B, 1, D)}; masks {kind: (B, 1, 1, K)};
+        write (B, K) one-hot of each slot's position (all zero for an idle slot); kv as in prefill.
+        """
+        if self.m.ple_dim:
+            ple = self.project_ple(h, ple)
+        oh = write.view(write.shape[0], 1, write.shape[1], 1).to(kv[0].dtype)  # (B, 1, K, 1)
+        new_kv = list(kv)
+        for layer in self.layers:
+            s = layer.s
+            cos, sin = rope[s.kind]
+            x = layer.input_layernorm(h)
+            q = layer.self_attn.query(x, cos, sin)
+            if s.owns_cache:
+                k, v = layer.self_attn.key_value(x, cos, sin)  # (B, KVH, 1, D)
+                new_kv[2 * s.cache] = new_kv[2 * s.cache] * (1 - oh) + k * oh
+                new_kv[2 * s.cache + 1] = new_kv[2 * s.cache + 1] * (1 - oh) + v * oh
+            a = layer.self_attn.attend(q, new_kv[2 * s.cache], new_kv[2 * s.cache + 1], masks[s.kind])
+            h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.m.ple_dim else None)
+        return self.logits(h[:, 0]), new_kv
+
+
+def kv_shapes(m: ModelShard, batch: int, kv_max: int) -> list[tuple[int, int, int, int]]:
+    """Shape of every KV tensor, K then V per cache-owning layer: (B, KVH, K, D)."""
+    out = []
+    for layer_index in m.cache_layers:
+        s = m.layers[layer_index]
+        out += [(batch, s.kv_heads, kv_max, s.head_dim)] * 2
+    return out
+
+
+def kinds_present(m: ModelShard) -> tuple[str, ...]:
+    return tuple(sorted({s.kind for s in m.layers}))
+
+
+def embed_scale(hidden: int) -> float:
+    return math.sqrt(hidden)

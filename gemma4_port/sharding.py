@@ -1,0 +1,130 @@
+"""Tensor-parallel sharding rules as data: which tensors split along which dim, per rank.
+
+"Divide everything by tp" is wrong three ways on Gemma-4 (see the seed report): kv-shared layers
+have no K/V of their own and must agree with their owner; GQA heads split with their query groups
+only when the KV heads divide; KV heads that do not divide (nkv 1) are replicated, and the query
+groups are recomputed from the *original* head counts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+SPLIT, REPLICATED = "split", "replicated"
+
+
+class ShardingError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class LayerShard:
+    """One decoder layer as rank `rank` of `tp` holds it. Head counts are this rank's."""
+
+    index: int
+    kind: Literal["sliding", "full"]
+    head_dim: int
+    q_heads_total: int
+    kv_heads_total: int
+    q_heads: int  # query heads on this rank, rows [q_start, q_start + q_heads) of q_proj's heads
+    q_start: int
+    kv_rule: Literal["split", "replicated"]
+    kv_heads: int  # KV heads held in this rank's buffer (all of them when replicated)
+    kv_start: int  # first checkpoint KV head in the buffer
+    kv_use_start: int  # first buffer head this rank's queries read
+    kv_use: int  # buffer heads this rank's queries read
+    groups: int  # query heads per used KV head on this rank
+    owns_cache: bool
+    cache: int  # ordinal of the KV buffer this layer reads (its own, or its owner's)
+    k_eq_v: bool
+    intermediate: int  # MLP width on this rank
+    intermediate_start: int
+    intermediate_total: int
+
+
+@dataclass(frozen=True)
+class ModelShard:
+    tp: int
+    rank: int
+    hidden: int
+    vocab: int
+    ple_dim: int
+    ple_vocab: int
+    eps: float
+    sliding_window: int
+    first_shared: int  # index of the first kv-shared layer (= num layers when none)
+    layers: tuple[LayerShard, ...]
+    cache_layers: tuple[int, ...]  # layer index owning each KV buffer, by buffer ordinal
+    tied: bool
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+
+def _kinds(config) -> list[str]:
+    return ["full" if t == "full_attention" else "sliding" for t in config.layer_types]
+
+
+def shard_model(config, tp: int = 1, rank: int = 0) -> ModelShard:
+    """The shard of `config` (a Gemma4TextConfig) that rank `rank` of `tp` holds."""
+    if tp < 1 or not 0 <= rank < tp:
+        raise ShardingError(f"rank {rank} of tp {tp} is not a valid rank")
+    n = config.num_hidden_layers
+    kinds = _kinds(config)
+    modes = config.kv_sharing_modes
+    first_shared = n - config.num_kv_shared_layers
+    cache_of_layer: dict[int, int] = {}
+    cache_layers: list[int] = []
+    for i in range(first_shared):
+        cache_of_layer[i] = len(cache_layers)
+        cache_layers.append(i)
+    # A kv-shared layer reads the last non-shared layer of its own attention type (the "store").
+    for i in range(first_shared, n):
+        owner = max(j for j in range(first_shared) if kinds[j] == kinds[i])
+        assert modes[owner] == "store", (i, owner, modes)
+        cache_of_layer[i] = cache_of_layer[owner]
+
+    nq = config.num_attention_heads
+    if nq % tp:
+        raise ShardingError(f"{nq} query heads cannot be split over tp={tp}")
+    layers = []
+    for i in range(n):
+        # Read the original head counts from the config, never from a (possibly sharded) module.
+        lc = config.per_layer_config[i]
+        head_dim, nkv = lc.head_dim, lc.num_key_value_heads
+        owner = cache_layers[cache_of_layer[i]]
+        if config.per_layer_config[owner].num_key_value_heads != nkv or config.per_layer_config[owner].head_dim != head_dim:
+            raise ShardingError(f"layer {i} and its KV owner {owner} disagree on KV heads or head_dim")
+        group = nq // nkv
+        q_heads, q_start = nq // tp, rank * (nq // tp)
+        if nkv % tp == 0:
+            rule, kv_heads, kv_start = SPLIT, nkv // tp, rank * (nkv // tp)
+            kv_use_start, kv_use = 0, kv_heads
+        else:
+            rule, kv_heads, kv_start = REPLICATED, nkv, 0
+            if group % q_heads:
+                raise ShardingError(
+                    f"layer {i}: {nkv} KV heads neither divide by tp={tp} nor keep each rank's "
+                    f"{q_heads} query heads inside one KV group of {group}"
+                )
+            kv_use_start, kv_use = q_start // group, 1
+        inter_total = config.intermediate_size * (2 if config.use_double_wide_mlp and modes[i] == "reuse" else 1)
+        if inter_total % tp:
+            raise ShardingError(f"layer {i}: MLP width {inter_total} cannot be split over tp={tp}")
+        layers.append(LayerShard(
+            index=i, kind=kinds[i], head_dim=head_dim, q_heads_total=nq, kv_heads_total=nkv,
+            q_heads=q_heads, q_start=q_start, kv_rule=rule, kv_heads=kv_heads, kv_start=kv_start,
+            kv_use_start=kv_use_start, kv_use=kv_use, groups=q_heads // kv_use,
+            owns_cache=i < first_shared, cache=cache_of_layer[i],
+            k_eq_v=bool(config.attention_k_eq_v) and kinds[i] == "full",
+            intermediate=inter_total // tp, intermediate_start=rank * (inter_total // tp),
+            intermediate_total=inter_total,
+        ))
+    return ModelShard(
+        tp=tp, rank=rank, hidden=config.hidden_size, vocab=config.vocab_size,
+        ple_dim=config.hidden_size_per_layer_input or 0, ple_vocab=config.vocab_size_per_layer_input,
+        eps=config.rms_norm_eps, sliding_window=config.sliding_window, first_shared=first_shared,
+        layers=tuple(layers), cache_layers=tuple(cache_layers), tied=bool(config.tie_word_embeddings),
+    )

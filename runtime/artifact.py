@@ -1,0 +1,112 @@
+"""artifact.json: what `build.py compile` wrote and everything the server needs to know about it,
+parsed once into frozen objects. Also the sha256 check that names a corrupted file."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+ARTIFACT_FORMAT = 1
+HOST_TABLES = "host/tables.safetensors"
+
+
+class ArtifactError(RuntimeError):
+    pass
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class Rope(_Frozen):
+    head_dim: int
+    inv_freq: tuple[float, ...]
+
+
+class Geometry(_Frozen):
+    """Shapes and constants shared by the graphs and the host code that feeds them."""
+
+    hidden: int
+    vocab: int
+    num_layers: int
+    ple_dim: int
+    sliding_window: int
+    kinds: tuple[str, ...]
+    rope: dict[str, Rope]
+    kv_shapes: tuple[tuple[int, int, int, int], ...]  # per rank (B, KVH, K, D), K then V per cache
+    embed_scale: float
+    ple_scale: float
+    softcap: float | None
+    dtype: Literal["float32", "bfloat16"]
+    batch: int
+    buckets: tuple[int, ...]
+    kv_max: int
+    tp: int
+    inputs: dict[str, tuple[str, ...]]  # graph -> input names, in call order
+
+
+class Golden(_Frozen):
+    name: str
+    ids: tuple[int, ...]
+    tokens: tuple[int, ...]  # the float reference's greedy continuation
+
+
+class ArtifactMeta(_Frozen):
+    format: int
+    name: str
+    variant: str
+    backend: Literal["cpu", "neuron"]
+    manifest: dict
+    versions: dict[str, str]
+    geometry: Geometry
+    graphs: dict[str, str]  # "prefill_16" / "decode" (and "rank{r}/..." under tp) -> relative path
+    files: dict[str, str]  # relative path -> sha256
+    golden: tuple[Golden, ...]
+    eos_token_ids: tuple[int, ...]
+    checkpoint: str
+    created: str
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_meta(folder: str | Path) -> ArtifactMeta:
+    path = Path(folder) / "artifact.json"
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"{path} is missing: {folder} is not an artifact made by `build.py compile`") from None
+    except json.JSONDecodeError as exc:
+        raise ArtifactError(f"{path} is not valid JSON: {exc}") from None
+    if raw.get("format") != ARTIFACT_FORMAT:
+        raise ArtifactError(f"{path}: artifact format {raw.get('format')!r}, this runtime reads {ARTIFACT_FORMAT}")
+    try:
+        return ArtifactMeta.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ArtifactError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+
+
+def check_files(folder: str | Path, meta: ArtifactMeta) -> list[str]:
+    """One line per missing or corrupted file; empty when every sha256 matches."""
+    problems = []
+    for rel, digest in sorted(meta.files.items()):
+        p = Path(folder) / rel
+        if not p.is_file():
+            problems.append(f"{rel}: missing")
+        elif sha256(p) != digest:
+            problems.append(f"{rel}: sha256 mismatch (corrupted or replaced)")
+    return problems
+
+
+def write_meta(folder: Path, meta: ArtifactMeta) -> None:
+    (folder / "artifact.json").write_text(json.dumps(meta.model_dump(mode="json"), indent=1) + "\n")

@@ -1,0 +1,54 @@
+"""Graph backends. `cpu` runs the TorchScript graphs and keeps the KV tensors in this process;
+`neuron` (runtime/neuron_backend.py) keeps them on the NeuronCores."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .artifact import ArtifactMeta
+from .hostside import DTYPES
+
+
+class CpuBackend:
+    """TorchScript graphs on the CPU. KV tensors go in and come back updated each call."""
+
+    def __init__(self, folder: Path, meta: ArtifactMeta):
+        geo = meta.geometry
+        torch.set_grad_enabled(False)
+        self.graphs = {name: torch.jit.load(str(Path(folder) / rel), map_location="cpu")
+                       for name, rel in meta.graphs.items()}
+        for g in self.graphs.values():
+            g.eval()
+        self.kv_shapes = geo.kv_shapes
+        self.dtype = DTYPES[geo.dtype]
+        self.reset()
+
+    def reset(self) -> None:
+        self.kv = [torch.zeros(s, dtype=self.dtype) for s in self.kv_shapes]
+
+    def _run(self, name: str, inputs) -> torch.Tensor:
+        logits, *self.kv = self.graphs[name](*inputs, *self.kv)
+        return logits
+
+    def prefill(self, bucket: int, inputs) -> torch.Tensor:
+        return self._run(f"prefill_{bucket}", inputs)
+
+    def decode(self, inputs) -> torch.Tensor:
+        return self._run("decode", inputs)
+
+    def close(self) -> None:
+        self.graphs.clear()
+
+
+def make_backend(folder: Path, meta: ArtifactMeta):
+    if meta.backend == "cpu" and meta.geometry.tp == 1:
+        return CpuBackend(folder, meta)
+    if meta.backend == "cpu":
+        from .tp_backend import CpuTensorParallelBackend
+
+        return CpuTensorParallelBackend(folder, meta)
+    from .neuron_backend import NeuronBackend
+
+    return NeuronBackend(folder, meta)

@@ -1,0 +1,83 @@
+"""The model as the engine sees it: prefill a prompt into a slot, decode one token for every busy
+slot. It owns the slot positions; the backend owns the graphs and the KV buffers."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from .artifact import Geometry
+from .hostside import HostInputs
+
+
+class Backend(Protocol):
+    """Compiled graphs with device-resident KV state. Inputs come without KV tensors."""
+
+    def prefill(self, bucket: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
+    def decode(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
+    def reset(self) -> None: ...
+    def close(self) -> None: ...
+
+
+class PromptTooLong(ValueError):
+    pass
+
+
+class ContextFull(RuntimeError):
+    pass
+
+
+class ModelRunner:
+    def __init__(self, geo: Geometry, host: HostInputs, backend: Backend):
+        self.geo = geo
+        self.host = host
+        self.backend = backend
+        self.positions: list[int | None] = [None] * geo.batch  # next write position per slot
+
+    @property
+    def max_prompt(self) -> int:
+        return self.geo.buckets[-1]
+
+    def bucket_for(self, n: int) -> int:
+        for b in self.geo.buckets:
+            if n <= b:
+                return b
+        raise PromptTooLong(f"prompt has {n} tokens; the largest prefill bucket is {self.max_prompt}")
+
+    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
+        """Raw logits (V,) float32 after the prompt; the slot's old KV is wholly replaced."""
+        bucket = self.bucket_for(len(ids))
+        logits = self.backend.prefill(bucket, self.host.prefill(ids, bucket, slot))
+        self.positions[slot] = len(ids)
+        return logits[0].float()
+
+    def decode(self, tokens: dict[int, int]) -> dict[int, torch.Tensor]:
+        """Feed `tokens[slot]` at each busy slot's position; raw logits (V,) per slot."""
+        row: list[int | None] = [None] * self.geo.batch
+        for slot, tok in tokens.items():
+            pos = self.positions[slot]
+            if pos is None:
+                raise RuntimeError(f"slot {slot} has no prompt")
+            if pos >= self.geo.kv_max:
+                raise ContextFull(f"slot {slot} reached kv_max={self.geo.kv_max}")
+            row[slot] = tok
+        logits = self.backend.decode(self.host.decode(row, [p or 0 for p in self.positions]))
+        for slot in tokens:
+            self.positions[slot] += 1
+        return {slot: logits[slot].float() for slot in tokens}
+
+    def free(self, slot: int) -> None:
+        self.positions[slot] = None
+
+    def greedy(self, ids: list[int], steps: int, slot: int = 0) -> tuple[list[int], list[torch.Tensor]]:
+        """Greedy continuation of one prompt: tokens and the raw logits that chose each."""
+        logits = self.prefill(slot, ids)
+        tokens, seen = [], []
+        for i in range(steps):
+            seen.append(logits)
+            tokens.append(int(logits.argmax()))
+            if i + 1 < steps:
+                logits = self.decode({slot: tokens[-1]})[slot]
+        self.free(slot)
+        return tokens, seen

@@ -1,0 +1,36 @@
+"""Loading a tokenizer and proving it works: the seed lost hours to a missing tokenizer.json that
+mapped every prompt to one id and looked exactly like a device bug."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class TokenizerError(RuntimeError):
+    pass
+
+
+def load_tokenizer(folder: str | Path):
+    """Load a checkpoint's or artifact's tokenizer and prove it is not the empty-vocab impostor."""
+    from transformers import AutoTokenizer
+
+    folder = Path(folder)
+    if not (folder / "tokenizer.json").is_file():
+        raise TokenizerError(f"{folder}/tokenizer.json is missing: the tokenizer cannot be trusted without it")
+    try:
+        tok = AutoTokenizer.from_pretrained(str(folder))
+    except Exception as exc:  # a truncated tokenizer.json raises from deep inside tokenizers
+        raise TokenizerError(f"{folder}/tokenizer.json cannot be loaded: {exc}") from None
+    check_tokenizer(tok, str(folder))
+    return tok
+
+
+def check_tokenizer(tok, where: str) -> None:
+    ids = tok("hello world", add_special_tokens=False).input_ids
+    if len(ids) < 2 or len(set(ids)) < 2 or tok.unk_token_id in ids:
+        raise TokenizerError(
+            f"{where}: the tokenizer maps 'hello world' to {ids}; a working tokenizer gives several distinct ids "
+            "(a missing or broken tokenizer.json looks like this)"
+        )
+    if tok.decode(ids) != "hello world":
+        raise TokenizerError(f"{where}: the tokenizer does not round-trip 'hello world' (got {tok.decode(ids)!r})")

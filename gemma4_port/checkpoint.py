@@ -53,17 +53,38 @@ def resolve_checkpoint(manifest: Manifest, progress=None) -> Path:
 
 
 def _randomise(model: torch.nn.Module, spec: RandomModel) -> None:
-    """Weights that exercise what matters: layer_scalar far from 1, logits past the softcap."""
+    """Weights that exercise what matters (layer_scalar far from 1, logits past the softcap) while
+    staying as well-conditioned as a trained model, so that bf16 can be judged against float32."""
     gen = torch.Generator().manual_seed(spec.seed)
+
+    def normal(shape, std=1.0, mean=0.0):
+        return mean + std * torch.randn(shape, generator=gen)
+
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
-                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
-            else:
-                p.copy_(spec.init_std * torch.randn(p.shape, generator=gen))
+                p.copy_(normal(p.shape, 0.2, 1.0))
+            elif "embed_tokens" in name:
+                p.copy_(normal(p.shape, spec.init_std))
+            else:  # fan-in scaling keeps activations O(1)
+                p.copy_(normal(p.shape) / p.shape[-1] ** 0.5)
         model.model.norm.weight.copy_(3.0 + 2.0 * torch.rand(model.model.norm.weight.shape, generator=gen))
+        residual = 1.0  # scale of the residual stream entering each layer, relative to the embedding
         for layer in model.model.layers:
-            layer.layer_scalar.copy_(0.2 + 0.6 * torch.rand(1, generator=gen))
+            attn = layer.self_attn
+            for norm in (attn.q_norm, getattr(attn, "k_norm", None)):
+                if norm is not None:  # softer attention: one-hot attention makes any rounding flip the output
+                    norm.weight.mul_(0.5)
+            # Each layer adds a small update relative to the residual it receives, as a trained one does;
+            # at full gain the random net is chaotic and bf16 could not be judged against float32.
+            for norm in ("post_attention_layernorm", "post_feedforward_layernorm", "post_per_layer_input_norm"):
+                if hasattr(layer, norm):
+                    getattr(layer, norm).weight.mul_(residual)
+            # Far from 1 on both sides (a loader that skips buffers leaves 1.0): alternating shrink and
+            # growth keeps the residual well above RMSNorm's eps however many layers there are.
+            scalar = 0.25 + 0.35 * torch.rand(1, generator=gen)
+            layer.layer_scalar.copy_(scalar if layer.self_attn.layer_idx % 2 == 0 else 1.0 / scalar)
+            residual *= float(layer.layer_scalar)
 
 
 def write_random_checkpoint(spec: RandomModel, folder: Path) -> None:

@@ -20,7 +20,7 @@ class _Frozen(BaseModel):
 class RandomModel(_Frozen):
     config: dict[str, Any]
     seed: int = 0
-    init_std: float = Field(0.3, gt=0, description="std of random weights; large so the softcap bites")
+    init_std: float = Field(0.25, gt=0, description="std of the embedding (= tied lm_head); large so the softcap bites")
 
     @field_validator("config")
     @classmethod

@@ -1,0 +1,122 @@
+#!/usr/bin/env python3
+"""gemma4-inf2 build driver: compile, verify, plan, serve, images, bench.
+
+Each subcommand parses its arguments here and hands typed values to one module; errors that a
+user can fix come back as one line on stderr and exit code 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _compile(args) -> int:
+    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+    from gemma4_port.compile import compile_artifact
+    from gemma4_port.manifest import load_manifest
+
+    manifest = load_manifest(args.manifest)
+    variant = manifest.variant(args.variant)
+    out = Path(args.out or f"artifacts/{manifest.name}-{variant.name}")
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), transient=False) as p:
+        compile_artifact(manifest, variant, out, backend=args.backend, progress=p)
+    print(f"artifact written to {out}")
+    return 0
+
+
+def _verify(args) -> int:
+    from gemma4_port.verify import verify_artifact
+
+    return verify_artifact(Path(args.dir), long=not args.quick)
+
+
+def _plan(args) -> int:
+    from gemma4_port.capacity import plan_main
+
+    return plan_main(args)
+
+
+def _serve(args) -> int:
+    from runtime.serve import serve
+
+    return serve(Path(args.dir), host=args.host, port=args.port, backend=args.backend)
+
+
+def _images(args) -> int:
+    from gemma4_port.images import images_main
+
+    return images_main(args)
+
+
+def _bench(args) -> int:
+    from gemma4_port.bench import bench_main
+
+    return bench_main(args)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="build.py", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    c = sub.add_parser("compile", help="trace, lint and package the device graphs of one manifest variant")
+    c.add_argument("manifest")
+    c.add_argument("--variant", help="variant name (default: the manifest's first)")
+    c.add_argument("--out", help="artifact directory (default: artifacts/NAME-VARIANT)")
+    c.add_argument("--backend", choices=["cpu", "neuron"], default="cpu")
+    c.set_defaults(run=_compile)
+
+    v = sub.add_parser("verify", help="load an artifact as the server does and match the float reference")
+    v.add_argument("dir")
+    v.add_argument("--quick", action="store_true", help="golden and short prompts only (skip the kv_max run)")
+    v.set_defaults(run=_verify)
+
+    pl = sub.add_parser("plan", help="bytes per NeuronCore and host RAM per variant, with verdicts")
+    pl.add_argument("manifest")
+    pl.add_argument("--variant")
+    pl.add_argument("--shards", action="store_true", help="print the per-layer sharding plan")
+    pl.set_defaults(run=_plan)
+
+    s = sub.add_parser("serve", help="serve an artifact with the OpenAI API (gunicorn)")
+    s.add_argument("dir")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--backend", choices=["auto", "cpu", "neuron"], default="auto")
+    s.set_defaults(run=_serve)
+
+    i = sub.add_parser("images", help="build (and push) the base / slim / tp2-slim images")
+    i.add_argument("manifest")
+    i.add_argument("--tags", help="comma-separated flavours or tags to build (default: the manifest's)")
+    i.add_argument("--registry", help="HOST:PORT to tag and push to")
+    i.add_argument("--push", action="store_true")
+    i.add_argument("--base-image", help="the OS image the base starts FROM")
+    i.add_argument("--flavour", choices=["neuron", "cpu"], default=None,
+                   help="neuron images (inf2) or the CPU development flavour (default: cpu unless --neuron-sdk)")
+    i.add_argument("--dry-run", action="store_true", help="print the plan and Dockerfiles; no daemon needed")
+    i.set_defaults(run=_images)
+
+    b = sub.add_parser("bench", help="speed and memory side by side, as ratios")
+    b.add_argument("dir", nargs="?")
+    b.add_argument("--model-scale", choices=["tiny", "small"], default="tiny")
+    b.add_argument("--json", dest="json_out")
+    b.set_defaults(run=_bench)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from gemma4_port.errors import USER_ERRORS
+
+    try:
+        return args.run(args)
+    except USER_ERRORS as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

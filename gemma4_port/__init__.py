@@ -1,0 +1,1 @@
+"""Gemma-4 on Inferentia2: the device-graph port and its build tools."""

@@ -1,0 +1,17 @@
+"""The errors a user can fix: build.py prints these as one line, never as a traceback."""
+
+from runtime.artifact import ArtifactError
+from runtime.runner import PromptTooLong
+from runtime.tokenizer import TokenizerError
+
+from .checkpoint import CheckpointError
+from .compile import CompileError
+from .lint import LintError
+from .manifest import ManifestError
+from .model import WeightError
+from .sharding import ShardingError
+
+USER_ERRORS = (
+    ArtifactError, CheckpointError, CompileError, LintError, ManifestError, PromptTooLong, ShardingError,
+    TokenizerError, WeightError,
+)

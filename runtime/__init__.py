@@ -1,0 +1,1 @@
+"""The slim server: host tables, compiled graphs, the OpenAI API."""

@@ -93,7 +93,11 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--push", action="store_true")
     i.add_argument("--base-image", help="the OS image the base starts FROM")
     i.add_argument("--flavour", choices=["neuron", "cpu"], default=None,
-                   help="neuron images (inf2) or the CPU development flavour (default: cpu unless --neuron-sdk)")
+                   help="neuron images (inf2) or the CPU development flavour "
+                        "(default: neuron for hub models, cpu for random test models)")
+    i.add_argument("--weights", choices=["secret", "copy"], default=None,
+                   help="neuron base: download the weights in the build with a BuildKit secret (buildx; default) "
+                        "or copy the checkpoint downloaded on this host (works with the docker SDK)")
     i.add_argument("--dry-run", action="store_true", help="print the plan and Dockerfiles; no daemon needed")
     i.set_defaults(run=_images)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import torch
@@ -33,8 +35,15 @@ def resolve_checkpoint(manifest: Manifest, progress=None) -> Path:
     if src.random is not None:
         key = hashlib.sha256(src.random.model_dump_json().encode()).hexdigest()[:12]
         folder = cache_root() / "random" / f"{manifest.name}-{key}"
-        if not (folder / "done").exists():
-            write_random_checkpoint(src.random, folder)
+        if not folder.is_dir():
+            # Written aside and renamed: concurrent builds never see (or write) a half-made checkpoint.
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+            write_random_checkpoint(src.random, tmp)
+            try:
+                tmp.rename(folder)
+            except OSError:  # another process finished first; its bytes are the same
+                shutil.rmtree(tmp)
         return folder
     if Path(src.source).expanduser().is_dir():
         return Path(src.source).expanduser()
@@ -112,7 +121,6 @@ def write_random_checkpoint(spec: RandomModel, folder: Path) -> None:
         eos_token_id=[EOS_ID, END_TURN_ID], do_sample=False,
     ).save_pretrained(folder)
     train_tokenizer(text.vocab_size, spec.seed).save_pretrained(folder)
-    (folder / "done").write_text("")
 
 
 def read_text_config(folder: Path):

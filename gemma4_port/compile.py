@@ -89,7 +89,8 @@ def example_inputs(host: HostInputs, geo: Geometry, graph: str, bucket: int = 0)
     return host.decode([1] * geo.batch, [bucket] * geo.batch, kv)
 
 
-def golden_prompts(tokenizer) -> list[tuple[str, list[int]]]:
+def golden_prompts(tokenizer, max_len: int) -> list[tuple[str, list[int]]]:
+    """The fixed prompts that fit the largest bucket (the self-test must not need truncation)."""
     out = []
     for name, kind, text in GOLDEN_PROMPTS:
         if kind == "chat":
@@ -97,7 +98,10 @@ def golden_prompts(tokenizer) -> list[tuple[str, list[int]]]:
                                                 tokenize=True, return_dict=False)
         else:
             ids = tokenizer(text).input_ids
-        out.append((name, list(ids)))
+        if len(ids) <= max_len:
+            out.append((name, list(ids)))
+    if not out:
+        raise CompileError(f"no golden prompt fits the largest bucket ({max_len} tokens); use a larger bucket")
     return out
 
 
@@ -183,7 +187,7 @@ def _finish(manifest, variant, out, ckpt, geo, graphs, tables, backend, progress
         tok = load_tokenizer(out / "tokenizer")
         ref = load_reference(ckpt)
         golden = tuple(Golden(name=n, ids=ids, tokens=reference_greedy(ref, ids, GOLDEN_STEPS)[0])
-                       for n, ids in golden_prompts(tok))
+                       for n, ids in golden_prompts(tok, geo.buckets[-1]))
     with _step(progress, "sha256 of every file"):
         files = {str(p.relative_to(out)): sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
     eos = tok.convert_tokens_to_ids(["<end_of_turn>"]) if "<end_of_turn>" in tok.get_vocab() else []

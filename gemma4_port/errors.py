@@ -2,10 +2,13 @@
 
 from runtime.artifact import ArtifactError
 from runtime.runner import PromptTooLong
+from runtime.settings import SettingsError
 from runtime.tokenizer import TokenizerError
+from runtime.versions import NeuronUnavailable
 
 from .checkpoint import CheckpointError
 from .compile import CompileError
+from .imageplan import ImageError
 from .lint import LintError
 from .manifest import ManifestError
 from .model import WeightError
@@ -13,5 +16,5 @@ from .sharding import ShardingError
 
 USER_ERRORS = (
     ArtifactError, CheckpointError, CompileError, LintError, ManifestError, PromptTooLong, ShardingError,
-    TokenizerError, WeightError,
+    TokenizerError, WeightError, SettingsError, ImageError, NeuronUnavailable,
 )

@@ -30,7 +30,8 @@ class RandomModel(_Frozen):
         try:
             Gemma4TextConfig(**config)
         except Exception as exc:  # transformers raises several types for bad fields
-            raise ValueError(f"not a valid Gemma4TextConfig: {exc}") from None
+            reason = " ".join(str(exc).split())  # transformers' messages span lines; keep the error one line
+            raise ValueError(f"not a valid Gemma4TextConfig: {reason}") from None
         return config
 
 

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from rich.table import Table
+
 SPLIT, REPLICATED = "split", "replicated"
 
 
@@ -128,3 +130,39 @@ def shard_model(config, tp: int = 1, rank: int = 0) -> ModelShard:
         eps=config.rms_norm_eps, sliding_window=config.sliding_window, first_shared=first_shared,
         layers=tuple(layers), cache_layers=tuple(cache_layers), tied=bool(config.tie_word_embeddings),
     )
+
+
+def _span(prefix: str, start: int, count: int) -> str:
+    return f"{prefix}{start}" if count == 1 else f"{prefix}{start}-{start + count - 1}"
+
+
+def shard_table(config, tp: int) -> Table:
+    """The plan `build.py plan --shards` prints: per layer, what each of the `tp` ranks holds."""
+    ranks = [shard_model(config, tp, r) for r in range(tp)]
+    m = ranks[0]
+    table = Table(
+        title=f"sharding plan: tp={tp}, {m.num_layers} layers, {len(m.cache_layers)} KV caches "
+              f"({m.num_layers - m.first_shared} kv-shared layers)",
+        caption="q_proj, k/v_proj (when split), gate/up_proj split by output rows; o_proj, down_proj split by "
+                "input columns and all-reduced (one each per layer); lm_head, per-layer-input projections and "
+                "every norm replicated; word and per-layer embeddings stay on the host.",
+    )
+    for col in ("layer", "kind", "head_dim", "q heads", "K/V", "KV heads / rank", "queries -> KV heads by rank",
+                "KV cache", "MLP width", "replicated"):
+        table.add_column(col)
+    for i, s in enumerate(m.layers):
+        per_rank = [r.layers[i] for r in ranks]
+        reads = ", ".join(
+            f"r{r}: {_span('q', x.q_start, x.q_heads)}->{_span('kv', x.kv_start + x.kv_use_start, x.kv_use)}"
+            for r, x in enumerate(per_rank)
+        )
+        replicated = ["norms", "layer_scalar"] + (["PLE gate/proj"] if m.ple_dim else [])
+        if s.kv_rule == REPLICATED and s.owns_cache:
+            replicated.append("k_proj" if s.k_eq_v else "k/v_proj")
+        table.add_row(
+            str(i), s.kind, str(s.head_dim), f"{s.q_heads_total} -> {s.q_heads}/rank",
+            f"{s.kv_rule}{' (v = k)' if s.k_eq_v else ''}", f"{s.kv_heads} of {s.kv_heads_total}",
+            f"{reads} ({s.groups} q/kv)", "own" if s.owns_cache else f"layer {m.cache_layers[s.cache]}'s",
+            f"{s.intermediate_total} -> {s.intermediate}/rank", ", ".join(replicated),
+        )
+    return table

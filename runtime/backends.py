@@ -14,11 +14,12 @@ from .hostside import DTYPES
 class CpuBackend:
     """TorchScript graphs on the CPU. KV tensors go in and come back updated each call."""
 
-    def __init__(self, folder: Path, meta: ArtifactMeta):
+    def __init__(self, folder: Path, meta: ArtifactMeta, prefix: str = ""):
+        """`prefix` picks one tensor-parallel rank's graphs ("rank1/"); its KV shapes are per rank."""
         geo = meta.geometry
         torch.set_grad_enabled(False)
-        self.graphs = {name: torch.jit.load(str(Path(folder) / rel), map_location="cpu")
-                       for name, rel in meta.graphs.items()}
+        self.graphs = {name.removeprefix(prefix): torch.jit.load(str(Path(folder) / rel), map_location="cpu")
+                       for name, rel in meta.graphs.items() if name.startswith(prefix)}
         for g in self.graphs.values():
             g.eval()
         self.kv_shapes = geo.kv_shapes

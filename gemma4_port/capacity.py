@@ -1,0 +1,248 @@
+"""`build.py plan`: does a variant fit, before a two-hour compile?
+
+Bytes are counted from the real device module, each rank's Gemma4Decoder built from the sharding
+plan on the meta device, not from marketing parameter counts ("E2B" keeps 2.3B parameters on the
+device, "E4B" 4.6B). The layout decides how many copies a core holds (runtime/neuron_backend.py):
+torch_neuronx.trace inlines the weights into every neff, so a tp 1 core holds one copy per graph;
+ModelBuilder's buckets share one. Host RAM: the slim server keeps the word and PLE tables; the
+one-time graph load reads every neff or weight file through host memory; the compile is an
+estimate (see COMPILER_RAM_PER_WEIGHT).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from runtime.hostside import DTYPES
+from runtime.neuron_backend import NeuronLayout, neuron_layout
+
+from .configs import text_config_for
+from .manifest import Manifest, Variant, load_manifest
+from .model import Gemma4Decoder, kv_shapes
+from .sharding import ShardingError, shard_model
+
+GIB = 2**30
+CORE_GIB = 16  # HBM per NeuronCore-v2: 32 GiB per Inferentia2 chip, two cores
+# Python, torch, the Neuron SDK and a 262k-vocab tokenizer; python + torch + transformers alone
+# measure 0.25 GiB on the development machine, the rest is an allowance.
+PROCESS_BYTES = 1 * GIB
+# neuronx-cc host RAM per byte of weights of each graph it compiles at once (lowering, the HLO and
+# the compiler's working set). Calibrated on the seed's one data point: the 12B TP=2 build peaks
+# above 128 GB and needs >= 55 GB of swap. An estimate: it only says which box and how much swap.
+COMPILER_RAM_PER_WEIGHT = 4.5
+
+
+@dataclass(frozen=True)
+class Instance:
+    name: str
+    host_gib: int
+
+
+INSTANCES = (Instance("inf2.xlarge", 16), Instance("inf2.8xlarge", 128))  # the same chip, 2 NeuronCores
+BUILD_HOST = INSTANCES[1]
+
+
+class ModelSizes:
+    """Element counts of one model's device decoder per (tp, rank), each built once on the meta device."""
+
+    def __init__(self, config):
+        self.config = config
+
+    @cache
+    def shard(self, tp: int, rank: int):
+        return shard_model(self.config, tp, rank)
+
+    @cache
+    def weights(self, tp: int, rank: int) -> int:
+        """Every parameter and buffer of the rank's device graph: what a neff holds as constants."""
+        with torch.device("meta"):
+            decoder = Gemma4Decoder(self.shard(tp, rank))
+        return sum(t.numel() for t in (*decoder.parameters(), *decoder.buffers()))
+
+    def kv(self, tp: int, rank: int, batch: int, kv_max: int) -> int:
+        return sum(math.prod(s) for s in kv_shapes(self.shard(tp, rank), batch, kv_max))
+
+    def host_tables(self) -> int:
+        m = self.shard(1, 0)
+        return m.vocab * m.hidden + m.ple_vocab * m.num_layers * m.ple_dim
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes of one variant, where they live and when."""
+
+    variant: Variant
+    layout: NeuronLayout
+    rank_weights: int  # one copy of one rank's device weights (the largest rank), at the variant dtype
+    rank_kv: int  # one rank's KV buffers for batch x kv_max
+    host_tables: int  # word embedding + PLE tables at the variant dtype: the slim server's load
+    whole_weights: int  # the whole decoder at the variant dtype: the compile holds it, a host prefill runs it
+
+    @property
+    def per_core(self) -> int:
+        return self.rank_weights * self.layout.weight_copies + self.rank_kv
+
+    @property
+    def host_prefill(self) -> int:
+        """TorchScript prefill graphs on the host, one per bucket, each with its own copy of the weights."""
+        return len(self.variant.buckets) * self.whole_weights if self.layout.host_prefill else 0
+
+    @property
+    def serve(self) -> int:
+        return PROCESS_BYTES + self.host_tables + self.host_prefill
+
+    @property
+    def load_peak(self) -> int:
+        """Every neff (weights inlined) or weight file passes through host memory on its way to a core."""
+        return self.serve + self.layout.tp * self.per_core
+
+    @property
+    def compile_peak(self) -> int:
+        jobs = self.layout.compile_jobs * self.rank_weights
+        return PROCESS_BYTES + self.whole_weights + int(COMPILER_RAM_PER_WEIGHT * jobs)
+
+    @property
+    def fits_core(self) -> bool:
+        return self.per_core <= CORE_GIB * GIB
+
+
+def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
+    size = DTYPES[variant.dtype].itemsize
+    ranks = range(variant.tp)
+    return Footprint(
+        variant=variant, layout=neuron_layout(variant.tp, variant.prefill, variant.buckets),
+        rank_weights=size * max(sizes.weights(variant.tp, r) for r in ranks),
+        rank_kv=size * max(sizes.kv(variant.tp, r, variant.batch, variant.kv_max) for r in ranks),
+        host_tables=size * sizes.host_tables(), whole_weights=size * sizes.weights(1, 0),
+    )
+
+
+def swap_gib(need: int, host_gib: int) -> int:
+    return max(0, math.ceil(need / GIB - host_gib))
+
+
+def host_verdict(fp: Footprint, inst: Instance) -> str:
+    if not fp.fits_core:
+        return "no (core)"
+    if fp.serve > inst.host_gib * GIB:
+        return "no (host RAM)"
+    swap = swap_gib(fp.load_peak, inst.host_gib)
+    return f"yes, {swap} GiB swap" if swap else "yes"
+
+
+def compile_swap_gib(manifest: Manifest, variant: Variant, host_gib: int = BUILD_HOST.host_gib) -> int:
+    """Swap (GiB) the Neuron compile of `variant` needs on a build host with `host_gib` of RAM."""
+    return swap_gib(footprint(ModelSizes(text_config_for(manifest)), variant).compile_peak, host_gib)
+
+
+def largest_kv_max(sizes: ModelSizes, fp: Footprint) -> int | None:
+    """The largest kv_max (a multiple of 128 above the largest bucket) whose KV fits next to the weights."""
+    room = CORE_GIB * GIB - fp.rank_weights * fp.layout.weight_copies
+    per_token = fp.rank_kv // fp.variant.kv_max
+    kv_max = (room // per_token) // 128 * 128 if room > 0 else 0
+    return kv_max if kv_max > fp.variant.buckets[-1] else None
+
+
+def fixes(sizes: ModelSizes, fp: Footprint) -> list[str]:
+    """Changes to the variant that make it fit a NeuronCore, with the bytes per core each gives."""
+    v = fp.variant
+    tries = []
+    if v.dtype == "float32":
+        tries.append(("dtype: bfloat16", {"dtype": "bfloat16"}))
+    if v.tp == 1:
+        tries.append(("tp: 2", {"tp": 2}))
+        if v.dtype == "float32":
+            tries.append(("tp: 2 and dtype: bfloat16", {"tp": 2, "dtype": "bfloat16"}))
+        if v.prefill == "device":
+            tries.append(("prefill: host (decode alone on the core; the host CPU runs the prompt)", {"prefill": "host"}))
+    out = []
+    for text, change in tries:
+        try:
+            other = footprint(sizes, v.model_copy(update=change))
+        except ShardingError:
+            continue
+        if other.fits_core:
+            out.append(f"{text} -> {gib(other.per_core)} GiB per core")
+    kv_max = largest_kv_max(sizes, fp)
+    if kv_max:
+        out.append(f"kv_max: {kv_max} (or less) -> the KV fits beside the weights")
+    return out
+
+
+def gib(n: int) -> str:
+    return f"{n / GIB:.2f}"
+
+
+SHORT = {"float32": "fp32", "bfloat16": "bf16"}
+
+
+def describe(layout: NeuronLayout) -> str:
+    n = len(layout.device_graphs)
+    return {"trace": f"{n} neffs", "model_builder": f"{n} buckets", "parallel_trace": "decode"}[layout.builder]
+
+
+def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> None:
+    core = Table(title=f"{manifest.name}: per NeuronCore ({CORE_GIB} GiB), GiB")
+    for col in ("variant", "tp", "dtype", "batch x kv_max", "graphs", "weights", "copies", "KV", "per core", "fits"):
+        core.add_column(col)
+    for fp in fps:
+        v = fp.variant
+        core.add_row(v.name, str(v.tp), SHORT[v.dtype], f"{v.batch} x {v.kv_max}", describe(fp.layout),
+                     gib(fp.rank_weights), str(fp.layout.weight_copies), gib(fp.rank_kv),
+                     f"{gib(fp.per_core)} ({100 * fp.per_core / (CORE_GIB * GIB):.0f}%)",
+                     "yes" if fp.fits_core else "[bold red]NO[/]")
+    console.print(core)
+    host = Table(title=f"{manifest.name}: host RAM, GiB")
+    for col in ("variant", "serve", "first load", "compile (est.)", *(f"{i.name}" for i in INSTANCES), "build swap"):
+        host.add_column(col)
+    for fp in fps:
+        host.add_row(fp.variant.name, gib(fp.serve), gib(fp.load_peak), gib(fp.compile_peak),
+                     *(host_verdict(fp, i) for i in INSTANCES), str(swap_gib(fp.compile_peak, BUILD_HOST.host_gib)))
+    console.print(host)
+    for fp in fps:
+        if not fp.fits_core:
+            options = fixes(sizes, fp) or ["none of bf16, tp 2, host prefill or a smaller kv_max is enough"]
+            console.print(f"[bold]{fp.variant.name}[/] does not fit a NeuronCore; fixes: " + "; ".join(options))
+    m = sizes.shard(1, 0)
+    whole, lm_head = sizes.weights(1, 0), m.vocab * m.hidden
+    console.print(
+        "graphs: neffs = torch_neuronx.trace, one per prefill bucket and decode, each with its own inlined "
+        "weights (copies); buckets = one NxD ModelBuilder model whose prefill buckets and decode share the "
+        "weights; decode = NxD parallel_model_trace of decode alone, the prompt prefilled on the host CPU.\n"
+        "Counted on a core: every parameter and buffer of the rank's device graph (Gemma4Decoder of the "
+        "sharding plan, built on the meta device): the decoder layers, lm_head (the tied embedding, copied "
+        f"to the device), the PLE projection; plus the KV buffers. The whole model is {whole / 1e9:.2f}B "
+        f"elements = {gib(4 * whole)} GiB fp32, {gib(2 * whole)} GiB bf16; at tp 2 a core holds more than "
+        f"half, as lm_head ({gib(2 * lm_head)} GiB bf16), norms and replicated K/V sit on both cores. Not "
+        "counted: activations, neff instructions, runtime scratch (keep headroom).\n"
+        f"Host: serve = process ({gib(PROCESS_BYTES)}) + word and PLE tables ({sizes.host_tables() / 1e9:.2f}B "
+        "elements) + host prefill graphs (whole model per bucket); first load = serve + every neff or weight "
+        f"file on its way to the cores (a swap file covers it); compile = an estimate calibrated on the seed's "
+        f"12B TP=2 build; build swap = what it needs on {BUILD_HOST.name} ({BUILD_HOST.host_gib} GiB)."
+    )
+
+
+def plan_main(args) -> int:
+    manifest = load_manifest(args.manifest)
+    variants = [manifest.variant(args.variant)] if args.variant else list(manifest.variants)
+    config = text_config_for(manifest)
+    sizes = ModelSizes(config)
+    console = Console()
+    if not console.is_terminal:  # a pipe or a CI log has no width to respect: do not squeeze the tables
+        console = Console(width=120)
+    render(console, manifest, sizes, [footprint(sizes, v) for v in variants])
+    if args.shards:
+        try:
+            from .sharding import shard_table
+        except ImportError:
+            console.print("the per-layer sharding table (gemma4_port.sharding.shard_table) is not in this checkout")
+            return 0
+        for tp in sorted({v.tp for v in variants}):
+            console.print(shard_table(config, tp))
+    return 0

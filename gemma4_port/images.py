@@ -1,0 +1,261 @@
+"""`build.py images`: plan (imageplan), prepare what the builds need on the host, drive Docker
+(docker_driver), and print a summary: image, tag, digest, size, bytes pushed.
+
+The host side: the cpu flavour's artifacts are compiled here beforehand (`build.py compile`), its
+Python packages are downloaded here into a wheelhouse (the builds have no network), and each build
+context is staged under build/images/ with hard links, so the big files are never copied.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import importlib.metadata as md
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+from packaging.requirements import Requirement
+from rich.console import Console
+from rich.table import Table
+
+from .imageplan import (
+    SLIM_TP, ImageError, ImageOptions, ImageSpec, build_tool_files, pin_base, plan_images, python_requirements,
+    render_dockerfile,
+)
+from .manifest import Manifest, load_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Host tools, not image contents: the images run the server and the build tools, nothing else.
+HOST_ONLY = {"docker", "matplotlib", "torch", "transformers"}  # torch / transformers are pinned by the plan
+WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+SERVER_ENTRY = ("runtime/wsgi.py", "runtime/gunicorn.conf.py")
+
+
+def image_cache() -> Path:
+    """Rootfs tarball and wheelhouses: kept between runs, so rebuilds skip debootstrap and pip."""
+    default = Path.home() / ".cache" / "gemma4-inf2" / "images"
+    return Path(os.environ.get("GEMMA4_INF2_IMAGE_CACHE", default))
+
+
+# ------------------------------------------------------------------------------------ options
+
+def _pyproject() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def host_requirements() -> tuple[str, ...]:
+    """The project's runtime dependencies at the versions installed here: the images run what the
+    tests ran against."""
+    pins = []
+    for spec in _pyproject()["dependencies"]:
+        name = Requirement(spec).name
+        if name not in HOST_ONLY:
+            pins.append(f"{name}=={md.version(name)}")
+    return tuple(pins)
+
+
+def git_revision(root: Path = ROOT) -> str:
+    """HEAD's commit, read from .git without running git."""
+    git = root / ".git"
+    try:
+        head = (git / "HEAD").read_text().strip()
+    except OSError:
+        return "unknown"
+    if not head.startswith("ref: "):
+        return head
+    ref = head.removeprefix("ref: ")
+    if (git / ref).is_file():
+        return (git / ref).read_text().strip()
+    packed = git / "packed-refs"
+    for line in packed.read_text().splitlines() if packed.is_file() else []:
+        if line.endswith(f" {ref}"):
+            return line.split()[0]
+    return "unknown"
+
+
+def image_options(args, manifest: Manifest) -> ImageOptions:
+    flavour = args.flavour or ("cpu" if manifest.model.random else "neuron")
+    project = _pyproject()
+    return ImageOptions(
+        flavour=flavour, base_image=args.base_image, registry=args.registry,
+        only=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
+        weights=args.weights or "secret", requirements=host_requirements(), cpu_torch=md.version("torch"),
+        source=project.get("urls", {}).get("Source", "unknown"), version=project["version"],
+        revision=git_revision(), created=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    )
+
+
+def project_files() -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(the base's build-tool files, the slim's server files), repo-relative."""
+    sources = {str(p.relative_to(ROOT)): p.read_text() for pkg in ("gemma4_port", "runtime")
+               for p in sorted((ROOT / pkg).rglob("*.py")) if "__pycache__" not in p.parts}
+    server = tuple(str(p.relative_to(ROOT)) for p in sorted((ROOT / "runtime").rglob("*"))
+                   if p.is_file() and "__pycache__" not in p.parts)
+    return build_tool_files(sources), server
+
+
+# ------------------------------------------------------------------------------- host inputs
+
+def wheelhouse(requirements: tuple[str, ...], cache: Path, console: Console) -> Path:
+    """The cp311 manylinux wheels of `requirements` and their dependencies, downloaded once."""
+    key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
+    folder = cache / f"wheels-cp311-{key}"
+    if (folder / "requirements.txt").is_file():
+        return folder
+    partial = folder.with_name(folder.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    platforms = [arg for p in WHEEL_PLATFORMS for arg in ("--platform", p)]
+    with console.status(f"downloading {len(requirements)} Python packages and their dependencies (once)"):
+        run = subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(partial), "--only-binary=:all:",
+             "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", *platforms, *requirements],
+            capture_output=True, text=True)
+    if run.returncode:
+        lines = [ln for ln in run.stderr.strip().splitlines() if ln.startswith("ERROR")] or ["pip failed"]
+        raise ImageError(f"wheelhouse: {lines[-1]}")
+    (partial / "requirements.txt").write_text("\n".join(requirements) + "\n")
+    partial.rename(folder)
+    return folder
+
+
+def host_artifact(manifest: Manifest, variant: str, console: Console) -> Path:
+    """artifacts/NAME-VARIANT (build.py compile's default), compiled now if it is not there or broken."""
+    from runtime.artifact import ArtifactError, check_files, load_meta
+
+    from .compile import compile_artifact
+
+    out = Path("artifacts") / f"{manifest.name}-{variant}"
+    try:
+        meta = load_meta(out)
+        if meta.backend == "cpu" and not check_files(out, meta):
+            console.print(f"reusing {out} (compiled {meta.created}; delete it to recompile)")
+            return out
+    except ArtifactError:
+        pass
+    console.print(f"compiling {manifest.name} {variant} for the cpu flavour into {out}")
+    return compile_artifact(manifest, manifest.variant(variant), out, backend="cpu")
+
+
+def host_checkpoint(manifest: Manifest) -> Path:
+    """The Hugging Face cache folder of the manifest's model (refs, snapshots, blobs), downloaded here."""
+    from .checkpoint import resolve_checkpoint
+
+    if manifest.model.source is None or Path(manifest.model.source).expanduser().is_dir():
+        raise ImageError("plan: --weights copy copies a Hugging Face hub download; "
+                         f"{manifest.name}'s model is not a hub repo id")
+    return resolve_checkpoint(manifest).parents[1]
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    def link(a, b):
+        try:
+            os.link(a, b)
+        except OSError:  # another filesystem: copy
+            shutil.copy2(a, b)
+
+    if src.is_dir():
+        shutil.copytree(src, dst, copy_function=link, symlinks=True)
+    else:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        link(src, dst)
+
+
+def stage_context(spec: ImageSpec, dockerfile: str, folder: Path, sources: dict[str, Path]) -> Path:
+    """The build context of one image: exactly the files its plan lists, and its Dockerfile."""
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    for dest, what in spec.context:
+        src = ROOT / what.removeprefix("code:") if what.startswith("code:") else sources[what]
+        _link_tree(src, folder / dest)
+    (folder / "Dockerfile").write_text(dockerfile)
+    return folder
+
+
+# ------------------------------------------------------------------------------------ main
+
+def print_plan(specs: list[ImageSpec], console: Console) -> None:
+    for spec in specs:
+        parts = sorted({what.split(":")[0] if what.startswith("code:") else what for _, what in spec.context})
+        console.rule(f"{spec.kind}: {spec.ref}  (FROM {spec.from_image})")
+        console.print(f"# context: {', '.join(parts) or 'none'}", highlight=False, markup=False)
+        console.print(render_dockerfile(spec), highlight=False, markup=False, soft_wrap=True)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "kB", "MB", "GB"):
+        if n < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+
+
+def images_main(args) -> int:
+    out = Console()
+    log = Console(stderr=True)
+    manifest = load_manifest(args.manifest)
+    options = image_options(args, manifest)
+    build_files, server_files = project_files()
+    specs = plan_images(manifest, options, build_files, server_files)
+    if args.dry_run:
+        print_plan(specs, out)
+        return 0
+    missing = [f for f in SERVER_ENTRY if not (ROOT / f).is_file()]
+    if missing and any(s.kind in SLIM_TP for s in specs):
+        raise ImageError(f"plan: {', '.join(missing)} missing: the slim images run `gunicorn runtime.wsgi:app`")
+
+    from .docker_driver import Driver
+
+    driver = Driver(log)  # first: a daemon that is not there fails before any slow step
+    base = next(s for s in specs if s.kind == "base")
+    if options.flavour == "neuron" and options.weights == "secret" and manifest.model.source:
+        raise ImageError(
+            "build base: the neuron base downloads the weights with a BuildKit secret, which the docker SDK's "
+            "classic builder cannot pass; print the Dockerfile with --dry-run and build it with "
+            "`docker buildx build --secret id=hf_token,env=HF_TOKEN`, or use --weights copy")
+    cache = image_cache()
+    sources: dict[str, Path] = {}
+    if options.flavour == "cpu":
+        for v in base.variants:
+            sources[f"artifact:{v}"] = host_artifact(manifest, v, log)
+        sources["wheelhouse"] = wheelhouse(python_requirements(manifest, options), cache, log)
+        driver.ensure_os_image(base.from_image, cache)
+    else:
+        sources["manifest"] = manifest.path
+        if options.weights == "copy" and manifest.model.source:
+            sources["checkpoint"] = host_checkpoint(manifest)
+
+    rows = []
+    base_digest = None
+    for spec in specs:
+        if spec.kind != "base":
+            digest = base_digest or driver.repo_digest(base)
+            spec = pin_base(spec, digest) if digest else spec
+        context = stage_context(spec, render_dockerfile(spec), Path("build/images") / manifest.name / spec.kind,
+                                sources)
+        built = driver.build(spec, context, network="none" if options.flavour == "cpu" else None)
+        log.print(f"[green]built[/] {spec.ref} ({_size(built.size)}, {built.seconds:.0f} s)")
+        ready = driver.smoke(spec.ref) if spec.kind in SLIM_TP and options.flavour == "cpu" else None
+        if ready is not None:
+            log.print(f"[green]ready[/] {spec.ref}: /ready 200 after {ready:.0f} s (self-test passed)")
+        pushed = driver.push(spec) if args.push else None
+        if pushed and spec.kind == "base":
+            base_digest = pushed.digest
+        rows.append((spec, built, pushed))
+
+    table = Table(title=f"{manifest.name} images ({options.flavour})")
+    for col in ("image", "tag", "digest", "size", "build", "layers pushed", "bytes pushed"):
+        table.add_column(col, justify="right" if col in ("size", "build", "bytes pushed") else "left")
+    for spec, built, pushed in rows:
+        table.add_row(
+            spec.kind, spec.ref, pushed.digest[:19] if pushed else built.image_id[:19], _size(built.size),
+            f"{built.seconds:.0f} s",
+            f"{pushed.uploaded} new, {pushed.reused} reused" if pushed else "not pushed",
+            _size(pushed.bytes_pushed) if pushed else "-",
+        )
+    out.print(table)
+    return 0

@@ -1,0 +1,16 @@
+# gemma4-inf2 @{kind} (@{flavour}): @{ref}, serving @{variants}
+# Only the server package and its configuration: a server change rebuilds and pushes this thin
+# layer, never the base. The base keeps its own copy of the runtime modules its build tools import
+# (artifact, loader, ...); the server imports the whole package from @{server} (PYTHONPATH).
+FROM @{from_image}
+RUN useradd --system --uid @{uid} --user-group --no-create-home --home-dir /nonexistent gemma4
+COPY runtime/ @{server}/runtime/
+@{env}
+WORKDIR @{server}
+USER @{uid}:@{uid}
+EXPOSE @{port}
+# /ready turns 200 only after the server's self-test (golden tokens through the real graphs).
+HEALTHCHECK --interval=30s --timeout=5s --start-period=@{start_period} --retries=3 \
+    CMD @{healthcheck}
+CMD @{cmd}
+@{labels}

@@ -1,0 +1,87 @@
+"""Token ids in, text out, one token at a time, as a stream a client can be shown at once.
+
+Two things are held back: a byte-level BPE spreads one UTF-8 character over several tokens, so
+text ending in U+FFFD waits for the rest of its bytes; and text that could be the start of a stop
+string waits until it is clear whether the stop string follows. Everything released is final, so
+the concatenated stream equals the whole text."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+REPLACEMENT = "\ufffd"
+
+
+class Detokenizer:
+    """Incremental decoding that never splits a character.
+
+    Each step decodes a short window of tokens (from `prefix` on) and releases what the newest
+    tokens added to the text of the window without them: decoding from a few tokens back keeps
+    the leading spaces and merges a tokenizer decides from context."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.ids: list[int] = []
+        self.prefix = 0  # window start
+        self.read = 0  # tokens up to here are released
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+    def push(self, token: int) -> str:
+        self.ids.append(token)
+        before = self._decode(self.ids[self.prefix : self.read])
+        now = self._decode(self.ids[self.prefix :])
+        if len(now) <= len(before) or now.endswith(REPLACEMENT):
+            return ""  # an incomplete character (or a token with no text): wait for more
+        self.prefix, self.read = self.read, len(self.ids)
+        return now[len(before) :]
+
+    def flush(self) -> str:
+        """The unreleased rest, incomplete characters included (as U+FFFD), at the end of a stream."""
+        before = self._decode(self.ids[self.prefix : self.read])
+        now = self._decode(self.ids[self.prefix :])
+        self.prefix = self.read = len(self.ids)
+        return now[len(before) :]
+
+
+def stop_prefix_len(text: str, stops: Sequence[str]) -> int:
+    """Length of the longest tail of `text` that is the start of some stop string."""
+    best = 0
+    for stop in stops:
+        for n in range(min(len(stop) - 1, len(text)), best, -1):
+            if text.endswith(stop[:n]):
+                best = n
+                break
+    return best
+
+
+class TextStream:
+    """Detokenizer plus stop strings: push tokens, get the text that is safe to show."""
+
+    def __init__(self, tokenizer, stops: Sequence[str] = ()):
+        self.detok = Detokenizer(tokenizer)
+        self.stops = tuple(stops)
+        self.pending = ""  # decoded, not yet released: might begin a stop string
+        self.stopped = False
+
+    def push(self, token: int) -> str:
+        """Release what is final after this token; sets `stopped` when a stop string completed
+        (the stop string and anything after it are never released)."""
+        return self._release(self.detok.push(token), final=False)
+
+    def flush(self) -> str:
+        """At the end of generation (EOS or length): everything still held back."""
+        return self._release(self.detok.flush(), final=True)
+
+    def _release(self, text: str, final: bool) -> str:
+        self.pending += text
+        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            self.stopped = True
+            out, self.pending = self.pending[: min(hits)], ""
+            return out
+        keep = 0 if final else stop_prefix_len(self.pending, self.stops)
+        out = self.pending[: len(self.pending) - keep]
+        self.pending = self.pending[len(out) :]
+        return out

@@ -1,0 +1,308 @@
+"""The engine: one thread that owns the model and the device.
+
+It loads the artifact, proves the output correct (the self-test), then serves: requests wait in
+a bounded queue; every free KV slot takes the next request (prefill) between decode steps while
+the other slots keep decoding, and a finished or abandoned request frees its slot at once.
+HTTP threads only submit jobs and read their events."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from enum import Enum
+
+import torch
+
+from .artifact import Geometry, load_meta
+from .detok import TextStream
+from .loader import LoadedModel, load_artifact
+from .metrics import Metrics
+from .sampling import SamplingParams, sample
+from .settings import Settings, check_backend
+
+log = logging.getLogger("gemma4.engine")
+
+IDLE_POLL_S = 0.1  # how often an idle engine looks up from the queue to notice a shutdown
+
+
+class State(str, Enum):
+    LOADING = "loading"
+    SELF_TEST = "self-test"
+    READY = "ready"
+    FAILED = "failed"
+
+
+class NotReady(RuntimeError):
+    pass
+
+
+class QueueFull(RuntimeError):
+    pass
+
+
+class SelfTestFailed(RuntimeError):
+    pass
+
+
+class DoesNotFit(ValueError):
+    """A prompt or max_tokens that the artifact's buckets or kv_max cannot hold; never truncated."""
+
+
+def token_budget(geo: Geometry, prompt_len: int, max_tokens: int | None, default: int | None = None) -> int:
+    """The number of new tokens a request may generate: `max_tokens` if it fits, else an error
+    naming the numbers; without `max_tokens`, `default` capped to the room left (or all of it)."""
+    if prompt_len > geo.buckets[-1]:
+        raise DoesNotFit(f"the prompt has {prompt_len} tokens, more than the largest prefill bucket of this "
+                         f"model ({geo.buckets[-1]} tokens); prompts are never truncated")
+    room = geo.kv_max - prompt_len
+    if max_tokens is None:
+        if room < 1:
+            raise DoesNotFit(f"the prompt has {prompt_len} tokens and fills the context of {geo.kv_max} tokens")
+        return min(default or room, room)
+    if max_tokens > room:
+        raise DoesNotFit(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} "
+                         f"exceeds the context of {geo.kv_max} tokens; at most {room} new tokens fit")
+    return max_tokens
+
+
+@dataclass(frozen=True)
+class Delta:
+    text: str
+
+
+@dataclass(frozen=True)
+class Finished:
+    reason: str  # stop | length | cancelled
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class Failed:
+    message: str
+
+
+Event = Delta | Finished | Failed
+
+
+@dataclass
+class Job:
+    """One request as the engine sees it. The HTTP thread iterates `events()`; a client that goes
+    away calls `cancel()` and the engine frees the slot at its next step."""
+
+    prompt: list[int]
+    max_tokens: int
+    sampling: SamplingParams
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+    accepted: float = field(default_factory=time.perf_counter)
+    _events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
+    _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def put(self, event: Event) -> None:
+        self._events.put(event)
+
+    def events(self):
+        """Deltas, then exactly one Finished or Failed."""
+        while True:
+            event = self._events.get()
+            yield event
+            if not isinstance(event, Delta):
+                return
+
+
+@dataclass
+class _Live:
+    """A job in a slot."""
+
+    job: Job
+    text: TextStream
+    generator: torch.Generator
+    last_time: float
+    last: int = -1  # the token to feed at the next decode step
+    generated: int = 0
+
+
+def self_test(model: LoadedModel) -> None:
+    """Every golden prompt of artifact.json through the real graphs must give the float reference's
+    greedy tokens; goldens rotate over the slots so every slot is exercised when there are enough."""
+    meta = model.meta
+    if not meta.golden:
+        raise SelfTestFailed("artifact.json has no golden prompts: nothing proves the output correct")
+    for i, golden in enumerate(meta.golden):
+        slot = i % meta.geometry.batch
+        tokens, _ = model.runner.greedy(list(golden.ids), len(golden.tokens), slot)
+        if tokens != list(golden.tokens):
+            step = next(j for j, (a, b) in enumerate(zip(tokens, golden.tokens)) if a != b)
+            raise SelfTestFailed(f"golden prompt {golden.name!r} (slot {slot}) gave {tokens}, artifact.json expects "
+                                 f"{list(golden.tokens)} (first difference at step {step})")
+
+
+class Engine:
+    def __init__(self, settings: Settings, metrics: Metrics | None = None):
+        self.settings = settings
+        self.metrics = metrics or Metrics()
+        self.state = State.LOADING
+        self.reason = "loading the artifact"
+        self.model: LoadedModel | None = None
+        self.model_name = settings.model_name
+        self._queue: queue.Queue[Job] = queue.Queue(maxsize=settings.queue_max)
+        self._live: dict[int, _Live] = {}
+        self._lock = threading.Lock()  # state changes vs. submissions: no job is queued after the drain
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="gemma4-engine", daemon=True)
+        self.metrics.watch(queue_depth=self._queue.qsize, busy_slots=lambda: len(self._live))
+
+    # -- lifecycle -------------------------------------------------------------------------------
+    def start(self) -> Engine:
+        log.info("engine state: %s (%s)", self.state.value, self.settings.artifact)
+        self._thread.start()
+        return self
+
+    def wait(self, timeout: float | None = None) -> State:
+        """Block until the engine is ready or failed (or the timeout passes)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.state in (State.LOADING, State.SELF_TEST):
+            if deadline is not None and time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        return self.state
+
+    def close(self, timeout: float = 30.0) -> None:
+        self._closing.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+        self._fail_all("the server is shutting down")
+        if self.model is not None:
+            self.model.close()
+
+    def _set(self, state: State, reason: str = "") -> None:
+        with self._lock:
+            self.state, self.reason = state, reason
+        self.metrics.ready.set(state is State.READY)
+        if state is State.FAILED:
+            log.error("engine state: %s: %s", state.value, reason)
+        else:
+            log.info("engine state: %s%s", state.value, f" ({reason})" if reason else "")
+
+    def _run(self) -> None:
+        try:
+            check_backend(self.settings, load_meta(self.settings.artifact).backend)
+            self.model = load_artifact(self.settings.artifact)
+            self.model_name = self.settings.model_name or self.model.meta.name
+            self.metrics.slots.set(self.geometry.batch)
+            self._set(State.SELF_TEST, f"{len(self.model.meta.golden)} golden prompt(s)")
+            self_test(self.model)
+        except Exception as exc:  # every failure to come up is reported by /ready, not raised
+            log.exception("loading or self-test failed")
+            self._set(State.FAILED, f"{type(exc).__name__}: {exc}")
+            return
+        self._set(State.READY, f"serving {self.model_name} with {self.geometry.batch} slot(s)")
+        try:
+            while not self._closing.is_set():
+                self._admit()
+                if self._live:
+                    self._step()
+        except Exception as exc:  # the device state is unknown now: stop claiming readiness
+            log.exception("engine loop failed")
+            self._set(State.FAILED, f"engine error: {type(exc).__name__}: {exc}")
+            self._fail_all(f"engine error: {exc}")
+
+    # -- requests --------------------------------------------------------------------------------
+    @property
+    def geometry(self) -> Geometry:
+        return self.model.meta.geometry
+
+    @property
+    def tokenizer(self):
+        return self.model.tokenizer
+
+    def submit(self, job: Job) -> Job:
+        with self._lock:
+            if self.state is not State.READY:
+                raise NotReady(f"the model is not ready ({self.state.value}: {self.reason})")
+            try:
+                self._queue.put_nowait(job)
+            except queue.Full:
+                raise QueueFull(f"all {self.geometry.batch} slot(s) are busy and {self.settings.queue_max} "
+                                "request(s) are already waiting; retry shortly") from None
+        return job
+
+    def _fail_all(self, message: str) -> None:
+        with self._lock:
+            if self.state is State.READY:
+                self.state, self.reason = State.FAILED, message
+            while True:
+                try:
+                    self._queue.get_nowait().put(Failed(message))
+                except queue.Empty:
+                    break
+        for slot in list(self._live):
+            self._live.pop(slot).job.put(Failed(message))
+
+    # -- scheduling (engine thread only) ---------------------------------------------------------
+    def _admit(self) -> None:
+        """Prefill waiting jobs into free slots; block briefly for work only when nothing runs."""
+        while len(self._live) < self.geometry.batch:
+            try:
+                job = self._queue.get_nowait() if self._live else self._queue.get(timeout=IDLE_POLL_S)
+            except queue.Empty:
+                return
+            if job.cancelled:
+                job.put(Finished("cancelled", len(job.prompt), 0))
+                continue
+            slot = min(set(range(self.geometry.batch)) - self._live.keys())
+            generator = torch.Generator()
+            if job.seed is None:
+                generator.seed()
+            else:
+                generator.manual_seed(job.seed)
+            self._live[slot] = _Live(job, TextStream(self.tokenizer, job.stop), generator, job.accepted)
+            self._accept(slot, self.model.runner.prefill(slot, job.prompt))
+
+    def _step(self) -> None:
+        for slot in [s for s, live in self._live.items() if live.job.cancelled]:
+            self._finish(slot, "cancelled")
+        if self._live:
+            logits = self.model.runner.decode({slot: live.last for slot, live in self._live.items()})
+            for slot, row in logits.items():
+                self._accept(slot, row)
+
+    def _accept(self, slot: int, logits: torch.Tensor) -> None:
+        """Sample the next token of a slot from its logits and pass on the text it completes."""
+        live = self._live[slot]
+        job = live.job
+        token = sample(logits, job.sampling, self.geometry.softcap, live.generator)
+        now = time.perf_counter()
+        (self.metrics.token_latency if live.generated else self.metrics.ttft).observe(now - live.last_time)
+        self.metrics.tokens.inc()
+        live.last_time, live.last = now, token
+        live.generated += 1
+        if token in self.model.meta.eos_token_ids:
+            return self._finish(slot, "stop")
+        text = live.text.push(token)
+        if text:
+            job.put(Delta(text))
+        if live.text.stopped:
+            self._finish(slot, "stop")
+        elif live.generated >= job.max_tokens:
+            self._finish(slot, "length")
+
+    def _finish(self, slot: int, reason: str) -> None:
+        live = self._live.pop(slot)
+        self.model.runner.free(slot)
+        if reason != "cancelled" and not live.text.stopped:
+            rest = live.text.flush()
+            if rest:
+                live.job.put(Delta(rest))
+        live.job.put(Finished(reason, len(live.job.prompt), live.generated))

@@ -1,0 +1,74 @@
+"""OpenAI-style JSON errors: `{"error": {"message", "type", "param", "code"}}` for everything that
+goes wrong, routing and size limits included, so no client ever sees an HTML page or a traceback."""
+
+from __future__ import annotations
+
+import logging
+
+from flask import Flask, jsonify
+from pydantic import ValidationError
+from werkzeug.exceptions import HTTPException
+
+log = logging.getLogger("gemma4.api")
+
+# OpenAI's error types by status (https://platform.openai.com/docs/guides/error-codes).
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
+         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
+         503: "service_unavailable_error"}
+
+
+class APIError(Exception):
+    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status, self.message, self.param, self.code = status, message, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": TYPES.get(self.status, "server_error"),
+                          "param": self.param, "code": self.code}}
+
+    def response(self):
+        resp = jsonify(self.body())
+        resp.status_code = self.status
+        resp.headers.update(self.headers)
+        return resp
+
+
+def from_validation(exc: ValidationError) -> APIError:
+    """The first problem of a request body, named by its JSON path."""
+    err = exc.errors()[0]
+    param = ".".join(str(p) for p in err["loc"]) or None
+    if err["type"] == "json_invalid":
+        return APIError(400, f"the request body is not valid JSON: {err['ctx']['error']}", code="invalid_json")
+    if err["type"] == "extra_forbidden":
+        return APIError(400, f"unsupported parameter {param!r}", param=param, code="unsupported_parameter")
+    if param is None:
+        return APIError(400, f"the request body must be a JSON object: {err['msg']}", code="invalid_type")
+    msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
+    return APIError(400, f"{param}: {msg}", param=param, code="invalid_value")
+
+
+def register(app: Flask) -> None:
+    app.register_error_handler(APIError, APIError.response)
+    app.register_error_handler(ValidationError, lambda exc: from_validation(exc).response())
+
+    @app.errorhandler(HTTPException)
+    def http_error(exc: HTTPException):
+        messages = {
+            404: "no such route; the API is under /v1 (see GET /v1/models)",
+            405: f"method not allowed here; allowed: {', '.join(sorted(exc.valid_methods or []))}"
+            if getattr(exc, "valid_methods", None) else "method not allowed",
+            413: f"the request body is larger than the limit of {app.config['MAX_CONTENT_LENGTH']} bytes",
+        }
+        headers = dict(exc.get_response().headers)  # keeps `Allow` on a 405
+        headers.pop("Content-Type", None)
+        headers.pop("Content-Length", None)
+        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.code)
+        return APIError(exc.code or 500, messages.get(exc.code, exc.description or exc.name), code=code,
+                        headers=headers).response()
+
+    @app.errorhandler(Exception)
+    def internal_error(exc: Exception):
+        log.exception("unhandled error")
+        return APIError(500, f"internal error: {type(exc).__name__}", code="internal_error").response()

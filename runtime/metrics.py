@@ -1,0 +1,35 @@
+"""Prometheus metrics of one server, in a registry of its own (so several apps can live in one
+test process); the engine and the app each update their part."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28)
+
+
+class Metrics:
+    def __init__(self):
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("gemma4_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r)
+        self.queue_depth = Gauge("gemma4_queue_depth", "requests waiting for a free slot", registry=r)
+        self.busy_slots = Gauge("gemma4_busy_slots", "KV slots serving a request", registry=r)
+        self.slots = Gauge("gemma4_slots", "KV slots of the loaded artifact (batch)", registry=r)
+        self.ready = Gauge("gemma4_ready", "1 once the self-test passed", registry=r)
+        self.ttft = Histogram("gemma4_time_to_first_token_seconds", "from accepting a request to its first token",
+                              buckets=TTFT_BUCKETS, registry=r)
+        self.token_latency = Histogram("gemma4_token_latency_seconds", "time between consecutive tokens of a request",
+                                       buckets=TOKEN_BUCKETS, registry=r)
+        self.tokens = Counter("gemma4_tokens_generated", "tokens generated", registry=r)
+
+    def watch(self, queue_depth: Callable[[], float], busy_slots: Callable[[], float]) -> None:
+        """Read the live values at scrape time instead of tracking every change."""
+        self.queue_depth.set_function(queue_depth)
+        self.busy_slots.set_function(busy_slots)
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)

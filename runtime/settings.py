@@ -1,0 +1,65 @@
+"""Server settings: read from the environment once, validated into one frozen object.
+
+A bad value stops the server before anything loads, with one line naming the variable."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, DirectoryPath, Field, ValidationError
+
+ENV = {
+    "artifact": "GEMMA4_ARTIFACT",
+    "backend": "GEMMA4_BACKEND",
+    "api_key": "GEMMA4_API_KEY",
+    "queue_max": "GEMMA4_QUEUE_MAX",
+    "max_body_bytes": "GEMMA4_MAX_BODY_BYTES",
+    "model_name": "GEMMA4_MODEL_NAME",
+    "host": "GEMMA4_HOST",
+    "port": "GEMMA4_PORT",
+}
+
+
+class SettingsError(ValueError):
+    pass
+
+
+class Settings(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    artifact: DirectoryPath
+    backend: Literal["auto", "cpu", "neuron"] = "auto"  # auto: whatever the artifact was compiled for
+    api_key: str | None = Field(default=None, repr=False)
+    queue_max: int = Field(default=16, ge=1, le=4096)  # requests waiting for a free slot
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    model_name: str | None = None  # default: the artifact's manifest name
+    host: str = "0.0.0.0"
+    port: int = Field(default=8080, ge=1, le=65535)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
+        if not environ.get(ENV["artifact"]):
+            raise SettingsError(f"{ENV['artifact']} is not set: point it at an artifact directory from `build.py compile`")
+        # An empty variable means "unset": the default applies (and an empty API key is no key).
+        raw = {field: environ[var] for field, var in ENV.items() if environ.get(var, "") != ""}
+        try:
+            return cls.model_validate(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            var = ENV[str(err["loc"][0])]
+            raise SettingsError(f"{var}={environ.get(var)!r}: {err['msg']}") from None
+
+    def to_env(self) -> dict[str, str]:
+        """The variables that reproduce these settings (for the gunicorn process)."""
+        return {ENV[k]: str(v) for k, v in self.model_dump().items() if v is not None}
+
+
+def check_backend(settings: Settings, artifact_backend: str) -> None:
+    if settings.backend not in ("auto", artifact_backend):
+        raise SettingsError(
+            f"{ENV['backend']}={settings.backend}, but {Path(settings.artifact)} was compiled for the "
+            f"{artifact_backend} backend; recompile with `build.py compile --backend {settings.backend}` or use auto"
+        )

@@ -1,0 +1,195 @@
+"""Tensor parallelism on the CPU: one process per rank, joined by torch.distributed (gloo, loopback).
+
+Each rank process holds only its shard of the weights (inside its own TorchScript graphs) and its
+own KV buffers. The row-parallel projections (o_proj, down_proj) sum their partial outputs with
+`gemma4_tp::all_reduce`, an op recorded in the traced graphs themselves. The driver (`build.py
+verify`, the server) sends every call's inputs to all ranks and takes the logits from rank 0: the
+lm_head is replicated, so every rank computes all of them.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from datetime import timedelta
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from .artifact import ArtifactMeta
+from .backends import CpuBackend
+
+# Loading a rank's graphs, or one prefill, that takes longer than this means a rank is stuck.
+CALL_TIMEOUT_S = 600.0
+LOOPBACK = "127.0.0.1"
+
+# torch.jit.trace cannot record `_c10d_functional.all_reduce` (its group argument is typed `Any`);
+# this one-op library gives the same kernel a schema the tracer records and a saved graph replays.
+_LIB = torch.library.Library("gemma4_tp", "DEF")
+_LIB.define("all_reduce(Tensor x, str group_name) -> Tensor")
+
+
+@torch.library.impl(_LIB, "all_reduce", "CPU")
+def _all_reduce_cpu(x: torch.Tensor, group_name: str) -> torch.Tensor:
+    out = torch.ops._c10d_functional.all_reduce(x, "sum", group_name)
+    return torch.ops._c10d_functional.wait_tensor(out)
+
+
+def all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Sum over all ranks of the default group: the decoder's `reduce` hook under tp > 1."""
+    return torch.ops.gemma4_tp.all_reduce(x, dist.group.WORLD.group_name)
+
+
+class TensorParallelError(RuntimeError):
+    pass
+
+
+def _rank_main(rank: int, tp: int, port: int, conn, factory, args: tuple, timeout: float) -> None:
+    """A rank process: join the gloo group, build the actor, answer calls until told to stop."""
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # ranks talk over loopback only, whatever the hostname resolves to
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // tp))  # the ranks share the machine's cores
+    torch.set_grad_enabled(False)
+    try:
+        store = dist.TCPStore(LOOPBACK, port, is_master=False, timeout=timedelta(seconds=timeout))
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=tp, timeout=timedelta(seconds=timeout))
+        actor = factory(rank, tp, *args)
+        conn.send(("ok", None))
+        while True:
+            try:
+                method, call_args = conn.recv()
+            except EOFError:  # the driver is gone
+                return
+            if method is None:
+                return
+            conn.send(("ok", getattr(actor, method)(*call_args)))
+    except Exception as exc:
+        traceback.print_exc()
+        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+class RankGroup:
+    """`tp` spawned processes in one gloo group, each running the actor `factory(rank, tp, *args)`.
+
+    A call goes to every rank and returns every rank's answer. A rank that raises, dies or stalls
+    fails the whole group with a TensorParallelError: its peers would otherwise wait forever in an
+    all-reduce, so the group shuts down rather than limp on.
+    """
+
+    def __init__(self, tp: int, factory, args: tuple = (), timeout: float = CALL_TIMEOUT_S):
+        self.tp, self.timeout = tp, timeout
+        ctx = mp.get_context("spawn")
+        # The driver hosts the rendezvous store on a free loopback port: no port to pick, no race.
+        self._store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
+        self._conns, self._procs = [], []
+        for rank in range(tp):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(target=_rank_main, name=f"gemma4-tp-rank{rank}", daemon=True,
+                               args=(rank, tp, self._store.port, child, factory, args, timeout))
+            proc.start()
+            child.close()
+            self._conns.append(parent)
+            self._procs.append(proc)
+        self._gather("start-up")
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def call(self, method: str, *args) -> list:
+        if not self._procs:
+            raise TensorParallelError(f"cannot call {method}: the tensor-parallel ranks are shut down")
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send((method, args))
+            except (BrokenPipeError, ConnectionResetError):
+                self._fail(self._died(rank, method))
+        return self._gather(method)
+
+    def _gather(self, what: str) -> list:
+        replies: list = [None] * self.tp
+        pending = dict(enumerate(self._conns))
+        deadline = time.monotonic() + self.timeout
+        while pending:
+            ready = wait([*pending.values(), *(self._procs[r].sentinel for r in pending)],
+                         timeout=max(0.0, deadline - time.monotonic()))
+            if not ready:
+                self._fail(f"tp rank(s) {sorted(pending)} did not finish {what} within {self.timeout:g} s")
+            for rank, conn in list(pending.items()):
+                if not conn.poll():
+                    continue
+                try:
+                    status, value = conn.recv()
+                except EOFError:  # the process closed its end without answering: it died
+                    self._fail(self._died(rank, what))
+                if status == "error":
+                    self._fail(f"tp rank {rank} failed during {what}: {value}")
+                replies[rank] = value
+                del pending[rank]
+            for rank in pending:
+                if self._procs[rank].sentinel in ready and not self._conns[rank].poll():
+                    self._fail(self._died(rank, what))
+        return replies
+
+    def _died(self, rank: int, what: str) -> str:
+        proc = self._procs[rank]
+        proc.join(1)
+        return f"tp rank {rank} (pid {proc.pid}) died during {what} with exit code {proc.exitcode}"
+
+    def _fail(self, message: str):
+        self.close()
+        raise TensorParallelError(message)
+
+    def close(self) -> None:
+        """Ask every rank to stop, wait briefly, then terminate whatever is left. Idempotent."""
+        for conn, proc in zip(self._conns, self._procs):
+            if proc.is_alive():
+                try:
+                    conn.send((None, ()))
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+        for proc in self._procs:
+            proc.join(10)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(5)
+        for conn in self._conns:
+            conn.close()
+        self._conns, self._procs, self._store = [], [], None
+
+
+class _Rank(CpuBackend):
+    """One rank's own graphs and KV. Only rank 0 sends logits back: every rank has the same ones."""
+
+    def __init__(self, rank: int, tp: int, folder: Path, meta: ArtifactMeta):
+        super().__init__(folder, meta, prefix=f"rank{rank}/")
+        self.rank = rank
+
+    def _run(self, name: str, inputs):
+        logits = super()._run(name, inputs)
+        return logits if self.rank == 0 else None
+
+
+class CpuTensorParallelBackend:
+    """The runner's Backend for a `tp > 1` CPU artifact: the same calls, fanned out to the ranks."""
+
+    def __init__(self, folder: Path, meta: ArtifactMeta, timeout: float = CALL_TIMEOUT_S):
+        self.group = RankGroup(meta.geometry.tp, _Rank, (Path(folder), meta), timeout)
+
+    def prefill(self, bucket: int, inputs) -> torch.Tensor:
+        return self.group.call("prefill", bucket, inputs)[0]
+
+    def decode(self, inputs) -> torch.Tensor:
+        return self.group.call("decode", inputs)[0]
+
+    def reset(self) -> None:
+        self.group.call("reset")
+
+    def close(self) -> None:
+        self.group.close()

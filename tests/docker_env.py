@@ -1,0 +1,166 @@
+"""A real Docker engine and registry for the `docker`-marked tests (see shared notes, containers-here).
+
+Debian's `docker.io`, `docker-registry` and `debootstrap` are installed with apt if missing. dockerd
+runs with its data, exec root, pidfile and socket in a temp dir and with every flag that would touch
+the host's network turned off (no bridge, no iptables, no forwarding, no NAT), so containers run with
+network "none" or "host" on loopback. The registry listens on 127.0.0.1 only. Both are stopped by pid.
+
+Test modules import the fixtures: `from docker_env import docker_engine, registry`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import requests
+
+PACKAGES = {"dockerd": "docker.io", "docker-registry": "docker-registry", "debootstrap": "debootstrap"}
+
+
+def ensure_installed() -> None:
+    missing = [pkg for exe, pkg in PACKAGES.items() if shutil.which(exe) is None]
+    if not missing:
+        return
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    subprocess.run(["apt-get", "update", "-q"], check=True, env=env, capture_output=True)
+    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], check=True, env=env,
+                   capture_output=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 30) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+@dataclass
+class Engine:
+    root: Path
+    proc: subprocess.Popen
+
+    @property
+    def host(self) -> str:
+        return f"unix://{self.root}/docker.sock"
+
+    @classmethod
+    def start(cls, root: Path) -> Engine:
+        log = open(root / "dockerd.log", "wb")
+        proc = subprocess.Popen(
+            ["dockerd", "--data-root", f"{root}/data", "--exec-root", f"{root}/exec", "--pidfile", f"{root}/pid",
+             "-H", f"unix://{root}/docker.sock", "--storage-driver=overlay2", "--iptables=false",
+             "--ip-forward=false", "--ip-masq=false", "--bridge=none"],
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        engine = cls(root, proc)
+        import docker
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                docker.DockerClient(base_url=engine.host, version="auto").ping()
+                return engine
+            except Exception:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    engine.stop()
+                    raise RuntimeError(f"dockerd did not start: see {root}/dockerd.log") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        _stop(self.proc)
+        shutil.rmtree(self.root / "data", ignore_errors=True)  # images are GBs; the log stays
+
+
+@dataclass
+class Registry:
+    root: Path
+    port: int
+    proc: subprocess.Popen
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def storage(self) -> Path:
+        return self.root / "storage"
+
+    def stored_bytes(self) -> int:
+        """Bytes of blob data the registry holds on disk (layers, configs, manifests)."""
+        return sum(p.stat().st_size for p in self.storage.rglob("data") if p.is_file())
+
+    @classmethod
+    def start(cls, root: Path) -> Registry:
+        port = free_port()
+        (root / "storage").mkdir(parents=True, exist_ok=True)
+        (root / "config.yml").write_text(
+            "version: 0.1\n"
+            f"storage: {{filesystem: {{rootdirectory: {root}/storage}}}}\n"
+            f"http: {{addr: 127.0.0.1:{port}}}\n"
+            "log: {level: warn}\n"
+        )
+        log = open(root / "registry.log", "wb")
+        proc = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")], stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        registry = cls(root, port, proc)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                requests.get(f"http://{registry.address}/v2/", timeout=2).raise_for_status()
+                return registry
+            except requests.RequestException:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    registry.stop()
+                    raise RuntimeError(f"docker-registry did not start: see {root}/registry.log") from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        _stop(self.proc)
+
+
+@pytest.fixture(scope="session")
+def docker_engine(tmp_path_factory):
+    """A private dockerd; DOCKER_HOST points at it for the session (SDK and subprocesses alike)."""
+    ensure_installed()
+    # The socket path must stay short (108 bytes), so not under pytest's deep tmp tree.
+    import tempfile
+
+    root = Path(tempfile.mkdtemp(prefix="g4d-"))
+    engine = Engine.start(root)
+    old = os.environ.get("DOCKER_HOST")
+    os.environ["DOCKER_HOST"] = engine.host
+    try:
+        yield engine
+    finally:
+        if old is None:
+            os.environ.pop("DOCKER_HOST", None)
+        else:
+            os.environ["DOCKER_HOST"] = old
+        engine.stop()
+
+
+@pytest.fixture(scope="session")
+def registry(tmp_path_factory):
+    ensure_installed()
+    reg = Registry.start(tmp_path_factory.mktemp("registry"))
+    try:
+        yield reg
+    finally:
+        reg.stop()

@@ -1,0 +1,96 @@
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors import safe_open
+
+from gemma4_port.checkpoint import (
+    MULTIMODAL_PREFIX, CheckpointError, CheckpointReader, read_text_config, resolve_checkpoint,
+    write_random_checkpoint,
+)
+from gemma4_port.manifest import load_manifest
+from gemma4_port.reference import load_reference, reference_greedy
+from runtime.artifact import sha256
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
+
+
+def _ckpt(name):
+    return resolve_checkpoint(load_manifest(ROOT / f"manifests/{name}.yaml"))
+
+
+def test_random_checkpoint_has_the_hub_layout():
+    folder = _ckpt("tiny-e2b")
+    names = {p.name for p in folder.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
+            "tokenizer_config.json", "chat_template.jinja"} <= names
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "gemma4" and config["architectures"] == ["Gemma4ForConditionalGeneration"]
+    assert config["text_config"]["num_kv_shared_layers"] == 5
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert all(k.startswith(MULTIMODAL_PREFIX) for k in keys)
+    assert f"{MULTIMODAL_PREFIX}layers.0.layer_scalar" in keys  # buffers are in the checkpoint
+
+
+def test_same_seed_same_bytes(tmp_path):
+    spec = load_manifest(ROOT / "manifests/tiny-12b.yaml").model.random
+    write_random_checkpoint(spec, tmp_path / "a")
+    write_random_checkpoint(spec, tmp_path / "b")
+    files = sorted(p.name for p in (tmp_path / "a").iterdir())
+    assert files == sorted(p.name for p in (tmp_path / "b").iterdir())
+    for name in files:
+        assert sha256(tmp_path / "a" / name) == sha256(tmp_path / "b" / name), name
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_weights_exercise_layer_scalar_and_softcap(name):
+    folder = _ckpt(name)
+    reader = CheckpointReader(folder)
+    config = read_text_config(folder)
+    scalars = [float(reader.get(f"layers.{i}.layer_scalar")) for i in range(config.num_hidden_layers)]
+    assert min(abs(s - 1.0) for s in scalars) > 0.4, scalars
+    model = load_reference(folder)
+    model.config.final_logit_softcapping = None  # raw logits, to see how far past the cap they reach
+    _, logits = reference_greedy(model, [2, 100, 200, 300], 4)
+    raw = torch.stack(logits)
+    capped = torch.tanh(raw / 30.0) * 30.0
+    assert float(raw.abs().max()) > 15.0
+    assert float((raw - capped).abs().max()) > 1.0  # the cap changes the values, not just in theory
+
+
+def test_naive_load_of_the_multimodal_layout_is_silently_random_and_ours_is_not():
+    from transformers import Gemma4ForCausalLM
+
+    folder = _ckpt("tiny-e2b")
+    reader = CheckpointReader(folder)
+    want = reader.get("layers.3.self_attn.q_proj.weight")
+    naive = Gemma4ForCausalLM.from_pretrained(str(folder), config=read_text_config(folder))
+    assert not torch.equal(naive.model.layers[3].self_attn.q_proj.weight, want)  # the pitfall is real
+    ours = load_reference(folder)
+    assert torch.equal(ours.model.layers[3].self_attn.q_proj.weight, want)
+    assert torch.equal(ours.model.layers[3].layer_scalar, reader.get("layers.3.layer_scalar"))
+
+
+def test_reader_names_a_missing_key():
+    reader = CheckpointReader(_ckpt("tiny-12b"))
+    with pytest.raises(CheckpointError, match="no tensor 'layers.99.mlp.up_proj.weight'"):
+        reader.get("layers.99.mlp.up_proj.weight")
+
+
+def test_reader_slices_without_reading_the_rest():
+    reader = CheckpointReader(_ckpt("tiny-12b"))
+    full = reader.get("layers.0.mlp.gate_proj.weight")
+    assert torch.equal(reader.get_slice("layers.0.mlp.gate_proj.weight", 0, 64, 128), full[64:128])
+    assert torch.equal(reader.get_slice("layers.0.mlp.down_proj.weight", 1, 0, 64),
+                       reader.get("layers.0.mlp.down_proj.weight")[:, :64])
+
+
+def test_config_errors_name_the_file(tmp_path):
+    with pytest.raises(CheckpointError, match="config.json is missing"):
+        read_text_config(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    with pytest.raises(CheckpointError, match="model_type 'llama'"):
+        read_text_config(tmp_path)

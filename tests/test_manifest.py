@@ -1,0 +1,74 @@
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gemma4_port.manifest import ManifestError, load_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = sorted((ROOT / "manifests").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
+def test_shipped_manifests_parse(path):
+    m = load_manifest(path)
+    assert m.variants and m.toolchain.neuronx_cc
+
+
+def test_real_manifests_use_the_seed_tp():
+    tp = {n: {v.tp for v in load_manifest(ROOT / f"manifests/{n}.yaml").variants}
+          for n in ("gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b")}
+    assert 1 in tp["gemma-4-e2b"] and 2 in tp["gemma-4-e4b"] and tp["gemma-4-12b"] == {2}
+
+
+def _write(tmp_path, data) -> Path:
+    p = tmp_path / "bad.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _base():
+    return yaml.safe_load((ROOT / "manifests/tiny-e2b.yaml").read_text())
+
+
+@pytest.mark.parametrize("mutate, field, words", [
+    (lambda d: d["variants"][0].update(tp=3), "variants[0].tp", "1 or 2"),
+    (lambda d: d["variants"][0].update(dtype="float16"), "variants[0].dtype", "float32"),
+    (lambda d: d["variants"][0].update(buckets=[32, 16]), "variants[0]", "increasing"),
+    (lambda d: d["variants"][0].update(buckets=[16, 64]), "variants[0]", "kv_max"),
+    (lambda d: d["variants"][1].update(name="fp32"), "(top level)", "unique"),
+    (lambda d: d.pop("name"), "name", "required"),
+    (lambda d: d["model"].update(source="google/gemma-4-E2B-it"), "model", "exactly one"),
+    (lambda d: d["model"]["random"]["config"].update(num_hidden_layers="many"), "model.random.config", "Gemma4TextConfig"),
+    (lambda d: d["toolchain"].pop("neuronx_cc"), "toolchain.neuronx_cc", "required"),
+    (lambda d: d.update(surprise=1), "surprise", "not permitted"),
+])
+def test_bad_manifest_names_file_and_field(tmp_path, mutate, field, words):
+    data = _base()
+    mutate(data)
+    with pytest.raises(ManifestError) as err:
+        load_manifest(_write(tmp_path, data))
+    msg = str(err.value)
+    assert msg.startswith(f"{tmp_path / 'bad.yaml'}: {field}:"), msg
+    assert words.lower() in msg.lower()
+    assert "\n" not in msg
+
+
+def test_unknown_variant_lists_the_choices():
+    m = load_manifest(ROOT / "manifests/tiny-e2b.yaml")
+    with pytest.raises(ManifestError, match=r"no variant 'nope'; choose one of \['fp32', 'bf16'"):
+        m.variant("nope")
+
+
+def test_missing_and_malformed_files(tmp_path):
+    with pytest.raises(ManifestError, match="no such manifest"):
+        load_manifest(tmp_path / "absent.yaml")
+    (tmp_path / "x.yaml").write_text("name: [unclosed")
+    with pytest.raises(ManifestError, match="not valid YAML"):
+        load_manifest(tmp_path / "x.yaml")
+
+
+def test_manifests_are_frozen():
+    m = load_manifest(ROOT / "manifests/tiny-e2b.yaml")
+    with pytest.raises(Exception):
+        m.variants[0].tp = 2

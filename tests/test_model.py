@@ -1,0 +1,113 @@
+"""The device graph (eager, before tracing) against transformers, and its strict weight loading."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from gemma4_port.checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
+from gemma4_port.compile import example_inputs, geometry, host_tables
+from gemma4_port.graphs import DecodeGraph, PrefillGraph
+from gemma4_port.manifest import load_manifest
+from gemma4_port.model import Gemma4Decoder, WeightError
+from gemma4_port.reference import load_reference, reference_greedy
+from gemma4_port.sharding import shard_model
+from runtime.hostside import HostInputs
+from runtime.sampling import softcap
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
+
+
+def _setup(name, variant="fp32"):
+    manifest = load_manifest(ROOT / f"manifests/{name}.yaml")
+    folder = resolve_checkpoint(manifest)
+    config = read_text_config(folder)
+    reader = CheckpointReader(folder)
+    shard = shard_model(config)
+    geo = geometry(config, shard, manifest.variant(variant))
+    decoder = Gemma4Decoder(shard, torch.float32)
+    decoder.load_weights(reader)
+    return folder, config, shard, geo, decoder, HostInputs(geo, host_tables(reader, geo))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", TINY)
+def test_prefill_and_decode_match_transformers(name):
+    folder, config, shard, geo, decoder, host = _setup(name)
+    prefill, decode = PrefillGraph(decoder), DecodeGraph(decoder)
+    ids = [2, 17, 300, 41, 999, 5, 77, 123, 640, 12, 9]  # 11 tokens: crosses the sliding window of 8
+    steps = 20  # decode past the window too
+    ref_tokens, ref_logits = reference_greedy(load_reference(folder), ids, steps)
+    kv = [torch.zeros(s) for s in geo.kv_shapes]
+    logits, *kv = prefill(*host.prefill(ids, 16, 0, kv))
+    got = []
+    for i in range(steps):
+        assert float((softcap(logits[0], geo.softcap) - ref_logits[i]).abs().max()) < 2e-3, f"step {i}"
+        got.append(int(logits[0].argmax()))
+        logits, *kv = decode(*host.decode([got[-1]], [len(ids) + i], kv))
+    assert got == ref_tokens
+
+
+def test_kv_buffers_only_for_layers_that_own_a_cache():
+    _, config, shard, geo, decoder, _ = _setup("tiny-e2b")
+    first_shared = config.num_hidden_layers - config.num_kv_shared_layers
+    assert shard.cache_layers == tuple(range(first_shared))
+    assert len(geo.kv_shapes) == 2 * first_shared
+    assert all(shape[2] == geo.kv_max for shape in geo.kv_shapes)
+    # every kv-shared layer reads the last non-shared layer of its own attention type
+    for s in shard.layers[first_shared:]:
+        owner = shard.layers[shard.cache_layers[s.cache]]
+        assert owner.kind == s.kind
+        assert config.kv_sharing_modes[owner.index] == "store"
+    shared = decoder.layers[first_shared].self_attn
+    assert not hasattr(shared, "k_proj") and not hasattr(shared, "v_proj")
+
+
+def test_k_eq_v_global_layer_has_no_v_proj():
+    _, _, shard, _, decoder, _ = _setup("tiny-12b")
+    full = [layer for layer in decoder.layers if layer.s.kind == "full"]
+    assert full and all(layer.self_attn.v_proj is None for layer in full)
+    assert all(layer.s.kv_heads == 1 for layer in full)
+
+
+@pytest.mark.parametrize("drop", ["layers.2.layer_scalar", "layers.0.self_attn.k_norm.weight", "norm.weight"])
+def test_a_missing_checkpoint_tensor_fails_by_name(tmp_path, drop):
+    folder, config, shard, *_ = _setup("tiny-e2b")
+    tensors = load_file(str(folder / "model.safetensors"))
+    del tensors["model.language_model." + drop]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(Exception, match=f"no tensor '{drop}'"):
+        Gemma4Decoder(shard).load_weights(CheckpointReader(tmp_path))
+
+
+def test_a_wrong_shape_fails_by_name(tmp_path):
+    folder, config, shard, *_ = _setup("tiny-e2b")
+    tensors = load_file(str(folder / "model.safetensors"))
+    key = "model.language_model.layers.1.mlp.up_proj.weight"
+    tensors[key] = tensors[key][:-1]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    with pytest.raises(WeightError, match="layers.1.mlp.up_proj.weight"):
+        Gemma4Decoder(shard).load_weights(CheckpointReader(tmp_path))
+
+
+def test_every_module_tensor_is_mapped_and_layer_scalar_is_loaded():
+    *_, decoder, _ = _setup("tiny-e4b")
+    names = {e.name for e in decoder.weight_map()}
+    assert names == set(dict(decoder.named_parameters())) | set(dict(decoder.named_buffers()))
+    scalars = torch.stack([layer.layer_scalar for layer in decoder.layers])
+    assert not torch.isnan(scalars).any() and float((scalars - 1).abs().min()) > 0.4
+
+
+def test_graph_signatures_match_the_host_inputs():
+    _, _, shard, geo, decoder, host = _setup("tiny-e2b", "b4")
+    pre = example_inputs(host, geo, "prefill", 16)
+    dec = example_inputs(host, geo, "decode")
+    assert len(pre) == len(geo.inputs["prefill"]) and len(dec) == len(geo.inputs["decode"])
+    named = dict(zip(geo.inputs["decode"], dec))
+    assert named["hidden"].shape == (4, 1, geo.hidden)
+    assert named["ple"].shape == (4, 1, geo.num_layers, geo.ple_dim)
+    assert named["write"].shape == (4, geo.kv_max)
+    assert named["mask_sliding"].shape == (4, 1, 1, geo.kv_max)
+    assert dict(zip(geo.inputs["prefill"], pre))["slot"].shape == (4,)

@@ -1,0 +1,167 @@
+"""`build.py verify`: the done-when runs, and one test per pitfall of the seed report."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gemma4_port.compile import compile_artifact
+from gemma4_port.manifest import load_manifest, parse_manifest
+from gemma4_port.model import Gemma4Decoder
+from gemma4_port.verify import Case, compare
+from runtime.artifact import sha256
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def verify(folder, *extra):
+    """The user's path: a fresh process, exactly as the server loads the artifact."""
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), "verify", str(folder), *extra],
+                          capture_output=True, text=True, cwd=ROOT, env=os.environ | {"COLUMNS": "250"}, timeout=600)
+
+
+def _reseal(folder: Path, rel: str) -> None:
+    """Record a file's new sha256, so a test can reach the check behind the sha256 check."""
+    meta = json.loads((folder / "artifact.json").read_text())
+    meta["files"][rel] = sha256(folder / rel)
+    (folder / "artifact.json").write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("name", ["tiny-e2b", "tiny-e4b", "tiny-12b"])
+@pytest.mark.parametrize("variant", ["fp32", "bf16"])
+def test_compile_then_verify_matches_the_float_reference(compiled, name, variant):
+    result = verify(compiled(name, variant))
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    for case in ("golden:chat", "random:bucket-16", "random:bucket-32", "random:cross-window", "random:to-kv_max"):
+        assert any(case in row for row in rows), case
+    assert "0 failed" in result.stdout
+    if variant == "fp32":
+        assert "near-tie" not in result.stdout
+
+
+def test_batch_slots_decode_together_and_match(compiled):
+    result = verify(compiled("tiny-e2b", "b4"), "--quick")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.count("slots:") == 4
+
+
+def test_any_random_config_works(tmp_path):
+    """Not just the three shipped shapes: no PLE, GQA 6:2, k_eq_v off, window 4, only 4 layers."""
+    data = {
+        "name": "odd", "toolchain": load_manifest(ROOT / "manifests/tiny-e2b.yaml").toolchain.model_dump(),
+        "model": {"random": {"seed": 5, "config": {
+            "vocab_size": 512, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 4,
+            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+            "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 8, "global_head_dim": 16,
+            "sliding_window": 4, "hidden_size_per_layer_input": 0, "final_logit_softcapping": 30.0}}},
+        "variants": [{"name": "v", "buckets": [6, 16], "kv_max": 24, "dtype": "float32"}],
+    }
+    manifest = parse_manifest(data, "inline")
+    out = compile_artifact(manifest, manifest.variants[0], tmp_path / "a")
+    result = verify(out)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_layer_scalar_left_at_one_fails_verify(tmp_path, monkeypatch):
+    """The seed's costliest bug: a loader that copies parameters only leaves the buffer at 1.0."""
+    original = Gemma4Decoder.load_weights
+
+    def params_only(self, reader):
+        original(self, reader)
+        for layer in self.layers:
+            layer.layer_scalar.fill_(1.0)
+
+    monkeypatch.setattr(Gemma4Decoder, "load_weights", params_only)
+    manifest = load_manifest(ROOT / "manifests/tiny-e2b.yaml")
+    out = compile_artifact(manifest, manifest.variant("fp32"), tmp_path / "a")
+    result = verify(out, "--quick")
+    assert result.returncode == 1, result.stdout + result.stderr
+    passed, failed = (int(part.split()[0]) for part in result.stdout.strip().splitlines()[-1].split(","))
+    assert failed >= 5 * passed, (passed, failed)  # nearly every prompt goes wrong, not just an unlucky one
+
+
+@pytest.fixture
+def artifact_copy(compiled, tmp_path):
+    dst = tmp_path / "copy"
+    shutil.copytree(compiled("tiny-e2b", "fp32"), dst)
+    return dst
+
+
+@pytest.mark.parametrize("rel", ["host/tables.safetensors", "graphs/decode.pt", "tokenizer/tokenizer.json"])
+def test_a_corrupted_file_fails_verify_naming_it(artifact_copy, rel):
+    path = artifact_copy / rel
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+    result = verify(artifact_copy)
+    assert result.returncode != 0
+    assert f"{rel}: sha256 mismatch" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_missing_tokenizer_json_is_a_clear_error(artifact_copy):
+    (artifact_copy / "tokenizer/tokenizer.json").unlink()
+    result = verify(artifact_copy)
+    assert result.returncode == 2 and "tokenizer/tokenizer.json: missing" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_truncated_tokenizer_json_is_a_clear_error(artifact_copy):
+    path = artifact_copy / "tokenizer/tokenizer.json"
+    path.write_text(path.read_text()[:5000])
+    _reseal(artifact_copy, "tokenizer/tokenizer.json")
+    result = verify(artifact_copy)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert "tokenizer.json cannot be loaded" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_a_tokenizer_that_collapses_hello_world_is_refused(artifact_copy):
+    """The seed's impostor: a tokenizer with no vocabulary maps every prompt to <unk>."""
+    from tokenizers import Tokenizer, models
+
+    empty = Tokenizer(models.WordLevel(vocab={"<unk>": 0}, unk_token="<unk>"))
+    empty.save(str(artifact_copy / "tokenizer/tokenizer.json"))
+    _reseal(artifact_copy, "tokenizer/tokenizer.json")
+    result = verify(artifact_copy)
+    assert result.returncode == 2 and "maps 'hello world' to" in result.stderr
+
+
+def test_device_argmax_without_cap_equals_reference_argmax_with_it(compiled):
+    """No softcap in the graph: argmax is unchanged because the cap is monotonic."""
+    from runtime.loader import load_artifact
+    from gemma4_port.reference import load_reference, reference_greedy
+
+    model = load_artifact(compiled("tiny-12b", "fp32"))
+    reference = load_reference(Path(model.meta.checkpoint))
+    for golden in model.meta.golden:
+        tokens, raw = model.runner.greedy(list(golden.ids), 4)
+        ref_tokens, capped = reference_greedy(reference, list(golden.ids), 4)
+        assert tokens == ref_tokens
+        assert max(float(r.abs().max()) for r in raw) > 20  # raw logits run past where the cap bends
+        assert all(int(r.argmax()) == int(c.argmax()) for r, c in zip(raw, capped))
+
+
+def test_near_tie_rule():
+    case = Case("x", [1], 3)
+    ref = [torch.tensor([10.0, 9.99, 0.0])] * 3
+    near = compare(case, [0, 1], [torch.tensor([10.0, 10.05, 0.0])] * 2, [0, 0, 0], ref, None, "bfloat16")
+    assert near.verdict == "NEAR-TIE" and near.first_divergence == 1
+    garbage = compare(case, [2], [torch.tensor([0.0, 0.0, 10.0])], [0, 0, 0], ref, None, "bfloat16")
+    assert garbage.verdict == "MISMATCH"
+    tight = compare(case, [1], [torch.tensor([10.0, 10.05, 0.0])], [0], ref, None, "float32")
+    assert tight.verdict == "MISMATCH"  # float32 allows no such error
+
+
+def test_cli_errors_are_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\n")
+    r = subprocess.run([sys.executable, str(ROOT / "build.py"), "compile", str(bad)], capture_output=True, text=True)
+    assert r.returncode == 2 and r.stderr.startswith(f"error: {bad}: ") and "Traceback" not in r.stderr
+    r = subprocess.run([sys.executable, str(ROOT / "build.py"), "verify", str(tmp_path)], capture_output=True, text=True)
+    assert r.returncode == 2 and "artifact.json is missing" in r.stderr

@@ -73,7 +73,7 @@ def top_candidates(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
     """Descending probabilities -> the shortest head whose mass reaches top_p (at least one token)."""
-    before = np.cumsum(probs) - probs  # mass of the tokens ranked above each one
+    before = np.cumsum(probs, dtype=np.float64) - probs  # mass ranked above each token (float64: long rows)
     return probs[: max(1, int((before < top_p).sum()))]
 
 

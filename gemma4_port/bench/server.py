@@ -1,0 +1,148 @@
+"""The real server, started the way a user starts it (`build.py serve DIR` on loopback), watched from
+outside: readiness, the gunicorn worker's RSS and peak RSS, and every module the server imported.
+
+CPython's own import log (PYTHONPROFILEIMPORTTIME, inherited by the forked worker) tells whether
+`transformers.modeling_utils`, where every transformers model class comes from, was ever imported:
+if it was not, no transformers model object can exist in the server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import requests
+
+ROOT = Path(__file__).resolve().parents[2]
+MODEL_MODULE = "transformers.modeling_utils"
+IMPORT_LOG_PREFIX = "import time:"
+ARMED_BY = "runtime.loader"  # seen in the log: the import log covers the code that loads the model
+
+
+class ServerError(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def vm_hwm(pid: int) -> int:
+    """Peak resident set size of a live process in bytes (Linux: VmHWM, what ru_maxrss reports)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise ServerError(f"/proc/{pid}/status has no VmHWM")
+
+
+def imported_modules(log: str) -> set[str]:
+    """Module names from a PYTHONPROFILEIMPORTTIME log ("import time: self | cumulative | name")."""
+    return {line.rsplit("|", 1)[1].strip() for line in log.splitlines() if line.startswith(IMPORT_LOG_PREFIX)
+            and "|" in line}
+
+
+class Server:
+    """`with Server(folder, logs) as s:` -> s.url, s.model, s.worker (psutil.Process), s.load_s."""
+
+    def __init__(self, folder: Path, logs: Path, ready_timeout_s: float = 600.0):
+        self.folder, self.ready_timeout_s = Path(folder), ready_timeout_s
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        logs.mkdir(parents=True, exist_ok=True)
+        self.stdout_path = logs / f"server-{self.port}.out"
+        self.stderr_path = logs / f"server-{self.port}.err"
+        self.proc: subprocess.Popen | None = None
+        self.worker: psutil.Process | None = None
+        self.model = ""
+        self.load_s = float("nan")
+
+    def __enter__(self) -> Server:
+        cmd = [sys.executable, str(ROOT / "build.py"), "serve", str(self.folder), "--host", "127.0.0.1",
+               "--port", str(self.port), "--backend", "cpu"]
+        env = os.environ | {"PYTHONPROFILEIMPORTTIME": "1", "PYTHONUNBUFFERED": "1"}
+        t0 = time.perf_counter()
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.stop()
+            raise
+        self.load_s = time.perf_counter() - t0
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        reason = "no answer yet"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise ServerError(f"the server exited with code {self.proc.returncode} before it was ready: "
+                                  f"{self.tail()}")
+            try:
+                r = requests.get(self.url + "/ready", timeout=5)
+                body = r.json()
+                if r.status_code == 200:
+                    self.model = body["model"]
+                    self.worker = self._find_worker()
+                    return
+                if body.get("state") == "failed":
+                    raise ServerError(f"the server's self-test failed: {body.get('reason')}")
+                reason = f"{body.get('state')}: {body.get('reason')}"
+            except (requests.ConnectionError, requests.Timeout, ValueError) as exc:
+                reason = type(exc).__name__
+            time.sleep(0.2)
+        raise ServerError(f"the server was not ready after {self.ready_timeout_s:.0f} s ({reason})")
+
+    def _find_worker(self) -> psutil.Process:
+        """`build.py serve` execs gunicorn: our child is the master, its only child the worker."""
+        children = psutil.Process(self.proc.pid).children()
+        if len(children) != 1:
+            raise ServerError(f"expected one gunicorn worker under pid {self.proc.pid}, found {len(children)}")
+        return children[0]
+
+    def rss(self) -> int:
+        return self.worker.memory_info().rss
+
+    def peak_rss(self) -> int:
+        return vm_hwm(self.worker.pid)
+
+    def master_rss(self) -> int:
+        return psutil.Process(self.proc.pid).memory_info().rss
+
+    def imports(self) -> dict:
+        """Whether the server imported transformers' model base module (armed: the log is complete)."""
+        modules = imported_modules(self.stderr_path.read_text(errors="replace"))
+        return {"import_log_armed": ARMED_BY in modules, "modules_imported": len(modules),
+                "transformers_modules": len([m for m in modules if m.startswith("transformers")]),
+                "transformers_model_module_imported": MODEL_MODULE in modules}
+
+    def tail(self, lines: int = 5) -> str:
+        text = [ln for ln in self.stderr_path.read_text(errors="replace").splitlines()
+                if not ln.startswith(IMPORT_LOG_PREFIX)]
+        return " | ".join(text[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM to the master (gunicorn's graceful stop); SIGKILL to master and worker if it hangs."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=90)
+        except subprocess.TimeoutExpired:
+            for p in ([self.worker] if self.worker else []):
+                try:
+                    p.kill()
+                except psutil.NoSuchProcess:
+                    pass
+            self.proc.kill()
+            self.proc.wait()

@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh machine: Debian packages for the image tests, the venv, pytest.
+# Extra arguments go to pytest (e.g. `-m "not docker"`, `-k verify`).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+need=()
+for pkg in docker.io docker-registry debootstrap; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+done
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  else
+    echo "note: ${need[*]} missing and not root: the docker-marked tests will be skipped" >&2
+  fi
+fi
+bash scripts/setup.sh
+exec .venv/bin/python -m pytest -m "not neuron" "$@"

@@ -136,6 +136,9 @@ def read_text_config(folder: Path):
         raise CheckpointError(f"{folder}/config.json: model_type {model_type!r} is not one of {TEXT_MODEL_TYPES}")
     text = raw.get("text_config", raw)
     text = {k: v for k, v in text.items() if k not in ("model_type", "architectures", "transformers_version")}
+    if model_type.startswith("gemma4_unified"):
+        # The unified (12B) text config has no PLE fields; Gemma4TextConfig's default would turn PLE on.
+        text.setdefault("hidden_size_per_layer_input", 0)
     return Gemma4TextConfig(**text)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime
+import json
 import math
 import platform
 import shutil
@@ -105,6 +106,16 @@ def golden_prompts(tokenizer, max_len: int) -> list[tuple[str, list[int]]]:
     return out
 
 
+def eos_token_ids(ckpt: Path, tokenizer) -> tuple[int, ...]:
+    """End-of-turn ids from the checkpoint's generation config (chat models stop on more than <eos>)."""
+    ids = {tokenizer.eos_token_id}
+    gen = ckpt / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id") or []
+        ids |= set(eos if isinstance(eos, list) else [eos])
+    return tuple(sorted(i for i in ids if i is not None))
+
+
 def versions() -> dict[str, str]:
     import importlib.metadata as md
 
@@ -190,12 +201,12 @@ def _finish(manifest, variant, out, ckpt, geo, graphs, tables, backend, progress
                        for n, ids in golden_prompts(tok, geo.buckets[-1]))
     with _step(progress, "sha256 of every file"):
         files = {str(p.relative_to(out)): sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
-    eos = tok.convert_tokens_to_ids(["<end_of_turn>"]) if "<end_of_turn>" in tok.get_vocab() else []
+    eos = eos_token_ids(ckpt, tok)
     meta = ArtifactMeta(
         format=ARTIFACT_FORMAT, name=manifest.name, variant=variant.name, backend=backend,
         manifest=manifest.model_dump(mode="json"), versions=versions() | (extra_versions or {}),
         geometry=geo, graphs=graphs, files=files, golden=golden,
-        eos_token_ids=tuple(sorted({tok.eos_token_id, *eos})), checkpoint=str(ckpt),
+        eos_token_ids=eos, checkpoint=str(ckpt),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
     write_meta(out, meta)

@@ -195,8 +195,8 @@ def _size(n: int | None) -> str:
 
 
 def images_main(args) -> int:
-    out = Console()
-    log = Console(stderr=True)
+    out = Console(width=None if sys.stdout.isatty() else 160)
+    log = Console(stderr=True, soft_wrap=True)  # build logs as they come, never re-wrapped
     manifest = load_manifest(args.manifest)
     options = image_options(args, manifest)
     build_files, server_files = project_files()

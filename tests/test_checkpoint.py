@@ -94,3 +94,16 @@ def test_config_errors_name_the_file(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
     with pytest.raises(CheckpointError, match="model_type 'llama'"):
         read_text_config(tmp_path)
+
+
+def test_unified_12b_config_reads_as_a_text_config_without_ple(tmp_path):
+    from transformers import Gemma4UnifiedConfig, Gemma4UnifiedTextConfig
+
+    from gemma4_port.configs import KNOWN_TEXT_CONFIGS
+
+    shapes = {k: v for k, v in KNOWN_TEXT_CONFIGS["google/gemma-4-12B-it"].items()
+              if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
+    Gemma4UnifiedConfig(text_config=Gemma4UnifiedTextConfig(**shapes)).save_pretrained(tmp_path)
+    config = read_text_config(tmp_path)
+    assert config.hidden_size_per_layer_input == 0
+    assert config.per_layer_config[5].num_key_value_heads == 1 and config.per_layer_config[0].num_key_value_heads == 8

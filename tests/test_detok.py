@@ -1,0 +1,80 @@
+"""Incremental detokenization and stop strings, token by token, with a real byte-level BPE."""
+
+from __future__ import annotations
+
+import pytest
+
+from gemma4_port.tokenizer import train_tokenizer
+from runtime.detok import REPLACEMENT, Detokenizer, TextStream, stop_prefix_len
+
+MULTIBYTE = "naïve café: Ωμέγα ✓ 日本語 🙂🚀 𝔘𝔫𝔦 done"
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return train_tokenizer(vocab_size=1024, seed=0)
+
+
+def ids_of(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False).input_ids
+
+
+def test_utf8_characters_are_never_split(tok):
+    ids = ids_of(tok, MULTIBYTE)
+    # The premise: this tokenizer really spreads characters over several tokens.
+    assert sum(REPLACEMENT in tok.decode([i]) for i in ids) >= 10
+    detok = Detokenizer(tok)
+    pieces = [detok.push(i) for i in ids]
+    assert not any(REPLACEMENT in p for p in pieces)
+    assert "".join(pieces) + detok.flush() == MULTIBYTE
+    assert "" in pieces  # some tokens released nothing: they ended inside a character
+
+
+def test_flush_releases_an_incomplete_character_at_the_end(tok):
+    ids = ids_of(tok, "ok 🙂")[:-1]  # the emoji's last byte never comes
+    detok = Detokenizer(tok)
+    released = "".join(detok.push(i) for i in ids)
+    assert released == "ok "
+    assert detok.flush().startswith(REPLACEMENT)
+
+
+def test_special_tokens_add_no_text(tok):
+    detok = Detokenizer(tok)
+    ids = ids_of(tok, "hello") + [tok.convert_tokens_to_ids("<end_of_turn>")] + ids_of(tok, " world")
+    assert "".join(detok.push(i) for i in ids) + detok.flush() == "hello world"
+
+
+def stream(tok, text: str, stops) -> tuple[list[str], bool]:
+    s = TextStream(tok, stops)
+    pieces = []
+    for i in ids_of(tok, text):
+        pieces.append(s.push(i))
+        if s.stopped:
+            return pieces, True
+    pieces.append(s.flush())
+    return pieces, False
+
+
+def test_stop_string_ends_the_stream_and_is_never_shown(tok):
+    pieces, stopped = stream(tok, "The capital of France is Paris. The capital", ["Paris"])
+    assert stopped and "".join(pieces) == "The capital of France is "
+    assert not any("P" in p for p in pieces)  # not even its first letter went out
+
+
+def test_a_held_back_prefix_is_released_when_no_stop_follows(tok):
+    pieces, stopped = stream(tok, "Par Parrot Pa", ["Paris"])
+    assert not stopped and "".join(pieces) == "Par Parrot Pa"
+    assert pieces[-1].endswith("Pa")  # held until the end: it could still have become "Paris"
+
+
+def test_earliest_of_several_stops_wins_and_multibyte_stops_work(tok):
+    pieces, stopped = stream(tok, "Ωμέγα ✓ 日本語", ["日本", "✓"])
+    assert stopped and "".join(pieces) == "Ωμέγα "
+
+
+def test_stop_prefix_len():
+    assert stop_prefix_len("abc Pa", ["Paris"]) == 2
+    assert stop_prefix_len("abc Pa", ["Paris", "c Pal"]) == 4
+    assert stop_prefix_len("abc", ["xyz"]) == 0
+    assert stop_prefix_len("xPari", ["Paris"]) == 4
+    assert stop_prefix_len("", ["Paris"]) == 0

@@ -1,0 +1,183 @@
+"""The engine on real compiled artifacts: self-test, scheduling, slots, cancellation, sampling."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+import time
+
+import pytest
+
+from runtime.artifact import load_meta
+from runtime.engine import (
+    DoesNotFit, Engine, Failed, Finished, Job, NotReady, QueueFull, State, token_budget,
+)
+from runtime.sampling import SamplingParams
+from runtime.settings import Settings
+
+GREEDY = SamplingParams(temperature=0)
+PROMPTS = ("The capital of France is", "hello world", "Inferentia2 has two NeuronCores", "def fibonacci(n):")
+
+
+@pytest.fixture(scope="module")
+def b4(compiled):
+    """A batch-4 engine (four KV slots), loaded and self-tested once for the module."""
+    engine = Engine(Settings(artifact=compiled("tiny-e2b", "b4"), queue_max=8)).start()
+    assert engine.wait(300) is State.READY, engine.reason
+    yield engine
+    engine.close()
+
+
+def submit(engine: Engine, prompt: str | list[int], max_tokens: int = 12, sampling=GREEDY, **kw) -> Job:
+    ids = engine.tokenizer(prompt).input_ids if isinstance(prompt, str) else list(prompt)
+    return engine.submit(Job(ids, max_tokens, sampling, **kw))
+
+
+def collect(job: Job) -> tuple[str, Finished]:
+    parts = []
+    for event in job.events():
+        assert not isinstance(event, Failed), event.message
+        if isinstance(event, Finished):
+            return "".join(parts), event
+        parts.append(event.text)
+    raise AssertionError("no Finished event")
+
+
+def run(engine: Engine, prompt, max_tokens: int = 12, sampling=GREEDY, **kw) -> tuple[str, Finished]:
+    return collect(submit(engine, prompt, max_tokens, sampling, **kw))
+
+
+def wait_idle(engine: Engine, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while engine.busy_slots:
+        assert time.monotonic() < deadline, "slots still busy"
+        time.sleep(0.01)
+
+
+def test_greedy_output_is_the_golden_reference_continuation(b4):
+    tok = b4.tokenizer
+    eos = set(b4.model.meta.eos_token_ids)
+    for golden in b4.model.meta.golden:
+        text, done = run(b4, list(golden.ids), max_tokens=len(golden.tokens))
+        expected = list(golden.tokens)
+        cut = next((i for i, t in enumerate(expected) if t in eos), None)
+        assert text == tok.decode(expected[:cut], skip_special_tokens=True)
+        assert done.reason == ("length" if cut is None else "stop")
+        assert (done.prompt_tokens, done.completion_tokens) == (len(golden.ids), len(expected) if cut is None else cut + 1)
+
+
+def test_same_prompt_alone_after_others_and_beside_others(b4):
+    alone = {p: run(b4, p, max_tokens=20)[0] for p in PROMPTS}
+    for p in PROMPTS[1:]:  # other requests first, in slot 0 like the one that follows
+        run(b4, p, max_tokens=20)
+    assert run(b4, PROMPTS[0], max_tokens=20)[0] == alone[PROMPTS[0]]
+    jobs = [submit(b4, p, max_tokens=20) for p in reversed(PROMPTS)]  # all four slots at once
+    assert {p: collect(j)[0] for p, j in zip(reversed(PROMPTS), jobs)} == alone
+
+
+def test_a_finished_request_frees_its_slot_for_the_queue_at_once(b4):
+    lengths = [30, 30, 30, 2, 4, 4]  # six requests, four slots: the last two wait for the short one
+    alone = [run(b4, PROMPTS[i % 4], max_tokens=n)[0] for i, n in enumerate(lengths)]
+    jobs = [submit(b4, PROMPTS[i % 4], max_tokens=n) for i, n in enumerate(lengths)]
+    finished_at: dict[int, float] = {}
+    texts: dict[int, str] = {}
+
+    def wait(i):
+        texts[i] = collect(jobs[i])[0]
+        finished_at[i] = time.perf_counter()
+
+    threads = [threading.Thread(target=wait, args=(i,)) for i in range(len(jobs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert [texts[i] for i in range(len(jobs))] == alone
+    # Continuous batching: the queued short requests ran while the long ones were still decoding.
+    assert max(finished_at[4], finished_at[5]) < min(finished_at[0], finished_at[1], finished_at[2])
+
+
+def test_cancel_frees_the_slot(b4):
+    job = submit(b4, PROMPTS[0], max_tokens=40)
+    events = job.events()
+    next(events)  # generation has started
+    job.cancel()
+    last = list(events)[-1]
+    assert isinstance(last, Finished) and last.reason == "cancelled" and last.completion_tokens < 40
+    wait_idle(b4)
+    assert run(b4, PROMPTS[1], max_tokens=3)[1].reason == "length"  # and the engine carries on
+
+
+def test_full_queue_refuses_and_the_rest_is_served(b4):
+    accepted, refused = [], 0
+    for _ in range(4 + 8 + 3):  # slots + queue + more, faster than any request can finish
+        try:
+            accepted.append(submit(b4, PROMPTS[0], max_tokens=40))
+        except QueueFull as exc:
+            refused += 1
+            assert "retry" in str(exc)
+    assert refused >= 3 and len(accepted) <= 12
+    for job in accepted:
+        job.cancel()
+    assert all(isinstance(list(j.events())[-1], Finished) for j in accepted)
+    wait_idle(b4)
+
+
+def test_stop_string_and_finish_reasons(b4):
+    text, done = run(b4, PROMPTS[0], max_tokens=12)
+    assert done.reason == "length" and done.completion_tokens == 12 and len(text) > 6
+    stop = text[3:6]
+    stopped, done = run(b4, PROMPTS[0], max_tokens=12, stop=(stop,))
+    assert done.reason == "stop" and stopped == text[: text.find(stop)]
+
+
+def test_same_seed_same_text_and_seeds_matter(b4):
+    hot = SamplingParams(temperature=2.0, top_p=0.99, top_k=100)
+    first = run(b4, PROMPTS[2], 10, hot, seed=1234)[0]
+    assert run(b4, PROMPTS[2], 10, hot, seed=1234)[0] == first
+    assert len({run(b4, PROMPTS[2], 10, hot, seed=s)[0] for s in range(5)}) > 1
+
+
+def test_token_budget_never_truncates(b4):
+    geo = b4.geometry  # buckets (16, 32), kv_max 64
+    assert token_budget(geo, 10, 54) == 54
+    assert token_budget(geo, 10, None) == 54
+    assert token_budget(geo, 10, None, default=16) == 16
+    assert token_budget(geo, 32, None, default=100) == 32
+    with pytest.raises(DoesNotFit, match=r"33 tokens.*largest prefill bucket.*\(32 tokens\)"):
+        token_budget(geo, 33, 1)
+    with pytest.raises(DoesNotFit, match=r"prompt \(10 tokens\) \+ max_tokens \(55\) = 65 exceeds the context of 64"):
+        token_budget(geo, 10, 55)
+
+
+def planted(src, tmp_path):
+    """A copy of an artifact whose first golden token is wrong (artifact.json is outside the sha256s)."""
+    dst = tmp_path / "planted"
+    shutil.copytree(src, dst)
+    raw = json.loads((dst / "artifact.json").read_text())
+    tokens = raw["golden"][0]["tokens"]
+    tokens[0] = (tokens[0] + 1) % raw["geometry"]["vocab"]
+    (dst / "artifact.json").write_text(json.dumps(raw))
+    return dst
+
+
+def test_wrong_golden_token_fails_the_self_test_for_good(compiled, tmp_path):
+    folder = planted(compiled("tiny-e2b", "fp32"), tmp_path)
+    engine = Engine(Settings(artifact=folder)).start()
+    try:
+        assert engine.wait(300) is State.FAILED
+        name = load_meta(folder).golden[0].name
+        assert f"golden prompt {name!r}" in engine.reason and "expects" in engine.reason
+        with pytest.raises(NotReady, match="failed"):
+            submit(engine, [2, 3, 4])
+    finally:
+        engine.close()
+
+
+def test_backend_mismatch_fails_with_the_variable_named(compiled):
+    engine = Engine(Settings(artifact=compiled("tiny-e2b", "fp32"), backend="neuron")).start()
+    try:
+        assert engine.wait(60) is State.FAILED
+        assert "GEMMA4_BACKEND=neuron" in engine.reason and "cpu" in engine.reason
+    finally:
+        engine.close()

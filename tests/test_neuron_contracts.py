@@ -1,0 +1,276 @@
+"""The Neuron compile path's contracts, checked on the CPU without the SDK: the KV alias map, the
+sharding plan as NxD layers, the graph signatures, the KV split of a host prefill, the state
+binding of traced modules, and the version check that refuses a mismatched SDK."""
+
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from gemma4_port.checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
+from gemma4_port.compile import CompileError, geometry, host_tables
+from gemma4_port.configs import text_config_for
+from gemma4_port.graphs import DecodeGraph, PrefillGraph
+from gemma4_port.manifest import load_manifest
+from gemma4_port.model import Gemma4Decoder, kv_shapes
+from gemma4_port.neuron import (
+    DECODER, DeviceKV, check_inputs, check_spmd, empty_decoder, full_checkpoint, graph_inputs, kv_head_ranges,
+    load_buffers, nxd_plan,
+)
+from gemma4_port.sharding import REPLICATED, shard_model
+from runtime.artifact import ArtifactError
+from runtime.hostside import HostInputs
+from runtime.loader import load_artifact
+from runtime.neuron_backend import (
+    bind_states, join_kv, live_states, neuron_layout, signature, split_kv, write_states,
+)
+from runtime.versions import VersionMismatch, check_versions, matches_pin, pin_problems, version_problems
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
+REAL = ["gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b"]
+
+
+def _tiny(name, variant):
+    manifest = load_manifest(ROOT / f"manifests/{name}.yaml")
+    v = manifest.variant(variant)
+    folder = resolve_checkpoint(manifest)
+    config, reader = read_text_config(folder), CheckpointReader(folder)
+    geo = geometry(config, shard_model(config, v.tp, 0), v)
+    return folder, config, reader, v, geo, HostInputs(geo, host_tables(reader, geo))
+
+
+def _random_kv(module: DeviceKV, seed: int) -> None:
+    """Distinct random contents per buffer, so a map to the wrong buffer cannot pass by accident."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.kv:
+            p.copy_(torch.randn(p.shape, generator=gen))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", TINY)
+def test_alias_map_points_each_kv_parameter_at_the_output_that_updates_it(name):
+    folder, config, reader, v, geo, host = _tiny(name, "fp32")
+    decoder = Gemma4Decoder(shard_model(config), torch.float32)
+    decoder.load_weights(reader)
+    module = DeviceKV(DecodeGraph(decoder), geo.kv_shapes, torch.float32)
+    _random_kv(module, 0)
+    old = [p.clone() for p in module.kv]
+    pos = 5
+    inputs = host.decode([17], [pos])
+    out = module(*inputs)
+    aliases = module.aliases()
+    assert sorted(aliases.values()) == list(range(1, len(out)))  # every output but the logits is a buffer's update
+    # What the functional decoder computes for each buffer, with the same inputs and cache.
+    a = dict(zip(geo.inputs["decode"], inputs))
+    rope = {k: (a[f"cos_{k}"], a[f"sin_{k}"]) for k in geo.kinds}
+    masks = {k: a[f"mask_{k}"] for k in geo.kinds}
+    _, expected = decoder.decode(a["hidden"], a.get("ple"), rope, masks, a["write"], old)
+    for i, p in enumerate(module.kv):
+        new = out[aliases[p]]
+        assert torch.equal(new, expected[i])
+        # the update of *this* buffer: equal to it everywhere but the written position
+        assert torch.equal(new[:, :, :pos], old[i][:, :, :pos]) and torch.equal(new[:, :, pos + 1:], old[i][:, :, pos + 1:])
+        assert not torch.equal(new[:, :, pos], old[i][:, :, pos])
+
+
+@torch.no_grad()
+def test_prefill_alias_updates_one_slot_and_keeps_the_others():
+    folder, config, reader, v, geo, host = _tiny("tiny-e2b", "b4")
+    decoder = Gemma4Decoder(shard_model(config), torch.float32)
+    decoder.load_weights(reader)
+    module = DeviceKV(PrefillGraph(decoder), geo.kv_shapes, torch.float32)
+    _random_kv(module, 1)
+    old = [p.clone() for p in module.kv]
+    out = module(*host.prefill([5, 6, 7], 16, 2))
+    expected = PrefillGraph(decoder)(*host.prefill([5, 6, 7], 16, 2), *old)
+    for i, p in enumerate(module.kv):
+        new = out[module.aliases()[p]]
+        assert torch.equal(new, expected[1 + i])
+        assert torch.equal(new[[0, 1, 3]], old[i][[0, 1, 3]]) and not torch.equal(new[2], old[i][2])
+
+
+@pytest.mark.parametrize("name", TINY + REAL)
+def test_nxd_layers_of_each_rank_match_the_sharding_plan(name):
+    config = text_config_for(load_manifest(ROOT / f"manifests/{name}.yaml"))
+    shards = [shard_model(config, 2, r) for r in range(2)]
+    check_spmd(shards)
+    with torch.device("meta"):
+        whole = dict(Gemma4Decoder(shard_model(config)).named_parameters())
+    for shard in shards:
+        plan = {e.path + ".weight": e for e in nxd_plan(shard)}
+        with torch.device("meta"):
+            decoder = Gemma4Decoder(shard)
+        tensors = dict(decoder.named_parameters())
+        for entry in decoder.weight_map():
+            if entry.name not in tensors or tensors[entry.name].shape == whole[entry.name].shape:
+                assert entry.name not in plan  # whole on every rank: a plain module, which NxD leaves whole
+                continue
+            e = plan.pop(entry.name)  # every split tensor is an NxD parallel layer ...
+            assert e.local_shape(2) == tuple(tensors[entry.name].shape)
+            # ... and NxD's checkpoint sharder gives this rank exactly the plan's slice
+            assert e.rank_slice(2, shard.rank) == (entry.dim, entry.start, entry.stop)
+        assert not plan, f"NxD layers with no split tensor: {sorted(plan)}"
+        replicated = [s for s in shard.layers if s.owns_cache and s.kv_rule == REPLICATED]
+        assert replicated or "e4b" in name  # E2B (nkv 1) and the 12B global layers replicate K/V
+        for s in replicated:
+            assert f"layers.{s.index}.self_attn.k_proj.weight" not in {e.path + ".weight" for e in nxd_plan(shard)}
+
+
+@pytest.mark.parametrize("name,variant", [("tiny-e2b", "fp32"), ("tiny-e2b", "b4"), ("tiny-e4b", "tp2-bf16"),
+                                          ("tiny-12b", "tp2")])
+def test_example_inputs_match_the_graph_signatures(name, variant):
+    folder, config, reader, v, geo, host = _tiny(name, variant)
+    layout = neuron_layout(v.tp, v.prefill, v.buckets)
+    routes = set()
+    for graph in layout.device_graphs:
+        inputs = graph_inputs(host, geo, graph)
+        check_inputs(inputs, geo, graph)
+        kind = graph.partition("_")[0]
+        assert [n for n, _, _ in signature(geo, kind, int(graph.partition("_")[2] or 0))] == [
+            n for n in geo.inputs[kind] if not n.startswith("kv")]
+        routes.add(str([t.shape for t in inputs]))
+    assert len(routes) == len(layout.device_graphs)  # ModelBuilder routes each call by its input shapes
+    bad = list(graph_inputs(host, geo, "decode"))
+    bad[0] = bad[0][:, :, :-1]
+    with pytest.raises(CompileError, match="hidden"):
+        check_inputs(bad, geo, "decode")
+
+
+def test_modelbuilder_checkpoint_keys_are_the_modules_weights():
+    folder, config, reader, v, geo, host = _tiny("tiny-e4b", "tp2")
+    full = full_checkpoint(folder, config, torch.float32)
+    shard = shard_model(config, 2, 1)
+    with torch.device("meta"):
+        module = DeviceKV(PrefillGraph(Gemma4Decoder(shard)), kv_shapes(shard, v.batch, v.kv_max), torch.float32)
+    names = set(module.state_dict())
+    assert set(full) == {n for n in names if not n.startswith("kv.")}  # every weight, no KV state
+    assert all(n.startswith(DECODER) for n in full)
+    # NxD slices the whole tensors: a split tensor is full-size in the checkpoint
+    assert full[DECODER + "layers.0.self_attn.q_proj.weight"].shape[0] == 2 * module.state_dict()[
+        DECODER + "layers.0.self_attn.q_proj.weight"].shape[0]
+
+
+@torch.no_grad()
+def test_buffers_come_from_the_checkpoint_before_tracing():
+    folder, config, reader, v, geo, host = _tiny("tiny-e2b", "fp32")
+    decoder = empty_decoder(shard_model(config, 2, 0), torch.float32)
+    load_buffers(decoder, reader)
+    for i, layer in enumerate(decoder.layers):
+        assert torch.equal(layer.layer_scalar, reader.get(f"layers.{i}.layer_scalar"))
+        assert float(layer.layer_scalar) != 1.0
+
+
+@pytest.mark.parametrize("name", TINY)
+def test_host_prefill_kv_splits_into_each_ranks_buffers_and_back(name):
+    config = text_config_for(load_manifest(ROOT / f"manifests/{name}.yaml"))
+    shards = [shard_model(config, 2, r) for r in range(2)]
+    ranges = kv_head_ranges(shards)
+    full = [torch.randn(s) for s in kv_shapes(shard_model(config), 3, 20)]
+    ranks = split_kv(full, ranges)
+    for r, shard in enumerate(shards):
+        assert [tuple(t.shape) for t in ranks[r]] == kv_shapes(shard, 3, 20)
+    for t, per_rank, whole in zip(ranks[1], ranges, full):
+        start, count = per_rank[1]
+        assert torch.equal(t, whole[:, start:start + count])
+    joined = join_kv(ranks, ranges)
+    assert all(torch.equal(a, b) for a, b in zip(joined, full))
+
+
+def test_traced_graphs_bound_to_one_state_share_it():
+    """torch_neuronx keeps a trace's aliased state in a ParameterList `states`; the tp 1 backend binds
+    every graph's to the decode graph's tensors. The TorchScript half of that, on the CPU."""
+    class Traced(torch.nn.Module):
+        def __init__(self, scale):
+            super().__init__()
+            self.scale = scale
+            self.states = torch.nn.ParameterList([torch.nn.Parameter(torch.zeros(3), requires_grad=False)
+                                                  for _ in range(2)])
+
+        def forward(self, x):
+            return x + self.scale * (self.states[0] + 2 * self.states[1])
+
+    def reload(module):
+        buf = io.BytesIO()
+        torch.jit.save(torch.jit.trace(module, torch.zeros(3)), buf)
+        buf.seek(0)
+        return torch.jit.load(buf)
+
+    prefill, decode = reload(Traced(1.0)), reload(Traced(10.0))
+    shared = live_states(decode)
+    bind_states(prefill, shared)
+    write_states(shared, [torch.ones(3), torch.full((3,), 2.0)])
+    assert torch.equal(prefill(torch.zeros(3)), torch.full((3,), 5.0))
+    assert torch.equal(decode(torch.zeros(3)), torch.full((3,), 50.0))
+    assert all(a is b for a, b in zip(live_states(prefill), shared))
+
+
+def test_layouts_pick_the_sdk_call_and_the_weight_copies():
+    trace = neuron_layout(1, "device", (128, 512))
+    assert (trace.builder, trace.device_graphs, trace.weight_copies, trace.compile_jobs) == (
+        "trace", ("prefill_128", "prefill_512", "decode"), 3, 1)
+    builder = neuron_layout(2, "device", (128, 512))
+    assert (builder.builder, builder.weight_copies, builder.compile_jobs) == ("model_builder", 1, 3)
+    alias = neuron_layout(2, "host", (512,))
+    assert (alias.builder, alias.device_graphs, alias.host_prefill, alias.compile_jobs) == (
+        "parallel_trace", ("decode",), True, 2)
+
+
+# -- the SDK check at compile, the version check at load ------------------------------------------
+
+def test_compile_for_neuron_without_the_sdk_stops_at_once_naming_the_package(tmp_path):
+    out = tmp_path / "artifact"
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "build.py"), "compile", str(ROOT / "manifests/tiny-e4b.yaml"),
+         "--variant", "tp2", "--backend", "neuron", "--out", str(out)],
+        capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in result.stderr
+    assert "torch_neuronx" in lines[0] and "torch-neuronx==2.8.0" in lines[0] and "not installed" in lines[0]
+    assert not out.exists()  # nothing was done before the check
+
+
+RECORDED = {"neuronx-cc": "2.23.6484.0+3b612583", "torch-neuronx": "2.8.0.2.10.16998",
+            "aws-neuronx-runtime-lib": "2.30.50.0-0d3ac3dfc", "torch": "2.8.0"}
+
+
+def test_version_check_compares_recorded_and_installed():
+    assert version_problems(RECORDED, dict(RECORDED)) == []
+    other = RECORDED | {"neuronx-cc": "2.24.5133.0+58f8de22"}
+    (problem,) = version_problems(RECORDED, other)
+    assert "neuronx-cc" in problem and "2.23.6484.0+3b612583" in problem and "2.24.5133.0+58f8de22" in problem
+    missing_runtime = {k: v for k, v in RECORDED.items() if k != "aws-neuronx-runtime-lib"}
+    assert [p.split(":")[0] for p in version_problems(RECORDED, missing_runtime)] == ["aws-neuronx-runtime-lib"]
+    assert version_problems(RECORDED, RECORDED | {"torch": "2.9.0"}) == []  # torch is not part of the neff
+    with pytest.raises(VersionMismatch, match="recompile"):
+        check_versions(RECORDED, other)
+
+
+def test_toolchain_pins_name_release_prefixes():
+    assert matches_pin("2.8.0", "2.8.0.2.10.16998") and matches_pin("2.23.6484", "2.23.6484.0+3b612583")
+    assert matches_pin("0.17", "0.17.26814")
+    assert not matches_pin("2.8.0", "2.8.1") and not matches_pin("0.17", "0.171.0")
+    assert pin_problems({"neuronx-cc": "2.23.6484"}, {}) == ["neuronx-cc is not installed (manifest pins 2.23.6484)"]
+
+
+def test_a_neuron_artifact_under_other_sdk_versions_is_refused(compiled, tmp_path):
+    folder = tmp_path / "artifact"
+    shutil.copytree(compiled("tiny-e2b", "fp32"), folder)
+    meta = json.loads((folder / "artifact.json").read_text())
+    meta["backend"] = "neuron"
+    meta["versions"] |= RECORDED
+    (folder / "artifact.json").write_text(json.dumps(meta))
+    with pytest.raises(ArtifactError, match="neuronx-cc: compiled with 2.23.6484.0"):
+        load_artifact(folder)
+    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "verify", str(folder)], capture_output=True,
+                            text=True, cwd=ROOT, env=os.environ | {"COLUMNS": "250"}, timeout=300)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "torch-neuronx: compiled with 2.8.0.2.10.16998, installed none" in result.stderr

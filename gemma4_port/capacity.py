@@ -183,8 +183,10 @@ SHORT = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def describe(layout: NeuronLayout) -> str:
+    if layout.host_prefill:
+        return "decode (host prefill)"
     n = len(layout.device_graphs)
-    return {"trace": f"{n} neffs", "model_builder": f"{n} buckets", "parallel_trace": "decode"}[layout.builder]
+    return f"{n} neffs" if layout.builder == "trace" else f"{n} buckets"
 
 
 def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> None:
@@ -214,7 +216,8 @@ def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Fo
     console.print(
         "graphs: neffs = torch_neuronx.trace, one per prefill bucket and decode, each with its own inlined "
         "weights (copies); buckets = one NxD ModelBuilder model whose prefill buckets and decode share the "
-        "weights; decode = NxD parallel_model_trace of decode alone, the prompt prefilled on the host CPU.\n"
+        "weights; decode = decode alone on the cores (NxD parallel_model_trace at tp 2), the prompt prefilled on "
+        "the host CPU.\n"
         "Counted on a core: every parameter and buffer of the rank's device graph (Gemma4Decoder of the "
         "sharding plan, built on the meta device): the decoder layers, lm_head (the tied embedding, copied "
         f"to the device), the PLE projection; plus the KV buffers. The whole model is {whole / 1e9:.2f}B "

@@ -6,6 +6,7 @@ Every daemon or registry failure comes back as one `ImageError` line naming the 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -154,7 +155,7 @@ class Driver:
 
     # --------------------------------------------------------------------------------------- smoke
 
-    def smoke(self, ref: str, timeout: float = 180) -> float:
+    def smoke(self, ref: str, timeout: float = 300) -> float:
         """Run the image with no network at all and wait until its own HEALTHCHECK command passes
         (/ready is 200 only after the server's self-test). Returns the seconds it took."""
         step = f"smoke test {ref}"
@@ -168,21 +169,29 @@ class Driver:
                     while True:
                         container.reload()
                         if container.status not in ("created", "running"):
+                            lines = container.logs(tail=5).decode(errors="replace").strip().splitlines()
                             raise ImageError(f"{step}: the server exited ({container.status}): "
-                                             f"{self._last_log_line(container)}")
+                                             f"{lines[-1] if lines else 'no output'}")
                         if container.exec_run(probe).exit_code == 0:
                             return time.monotonic() - start
-                        if time.monotonic() - start > timeout:
-                            raise ImageError(f"{step}: /ready did not turn 200 within {timeout:.0f} s: "
-                                             f"{self._last_log_line(container)}")
+                        state = self._ready_state(container)
+                        if state.get("state") == "failed" or time.monotonic() - start > timeout:
+                            raise ImageError(f"{step}: /ready is not 200 after {time.monotonic() - start:.0f} s: "
+                                             f"{state.get('state', 'no answer')}: {state.get('reason', '')}")
                         time.sleep(1)
             finally:
                 container.remove(force=True)
 
     @staticmethod
-    def _last_log_line(container) -> str:
-        lines = container.logs(tail=20).decode(errors="replace").strip().splitlines()
-        return lines[-1] if lines else "no log output"
+    def _ready_state(container) -> dict:
+        """/ready's JSON body (state and reason), read from inside the container."""
+        fetch = ("import urllib.request as u\ntry:\n print(u.urlopen('http://127.0.0.1:%s/ready' % "
+                 "__import__('os').environ['GEMMA4_PORT'], timeout=4).read().decode())\n"
+                 "except u.HTTPError as e:\n print(e.read().decode())")
+        try:
+            return json.loads(container.exec_run(["python", "-c", fetch]).output)
+        except ValueError:
+            return {}
 
     # ---------------------------------------------------------------------------------------- push
 

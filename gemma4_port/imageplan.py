@@ -115,6 +115,15 @@ def served_variant(manifest: Manifest, kind: str) -> str:
                      f"({', '.join(f'{v.name} (tp {v.tp})' for v in manifest.variants)})")
 
 
+def base_variants(manifest: Manifest) -> tuple[str, ...]:
+    """The artifacts the base holds: one per slim image the manifest tags, whatever --tags asks for,
+    so the base (and its digest) never depends on which images one run builds."""
+    slims = [k for k in image_tags(manifest) if k in SLIM_TP]
+    return tuple(dict.fromkeys(served_variant(manifest, k) for k in slims)) or (
+        manifest.variant(manifest.images.variant).name,
+    )
+
+
 def _selected(tags: dict[str, str], only: tuple[str, ...]) -> list[str]:
     if not only:
         return list(tags)
@@ -137,9 +146,7 @@ def plan_images(manifest: Manifest, options: ImageOptions, build_files: Iterable
         raise ImageError(f"plan: flavour {options.flavour!r}; allowed: {', '.join(FLAVOURS)}")
     tags = image_tags(manifest)
     slims = [k for k in tags if k in SLIM_TP]
-    variants = tuple(dict.fromkeys(served_variant(manifest, k) for k in slims)) or (
-        manifest.variant(manifest.images.variant).name,
-    )
+    variants = base_variants(manifest)
     repository = f"{options.registry}/{manifest.images.repository}" if options.registry else manifest.images.repository
     base_tag = tags.get("base", "base")
     base = _base_spec(manifest, options, repository, base_tag, variants, tuple(build_files))
@@ -168,8 +175,8 @@ def swap_advice(variant: str, swap_gib: float | None) -> str:
     if swap_gib is None:
         return f"{variant}: run `build.py plan MANIFEST --variant {variant}` for the swap its compile needs"
     if swap_gib <= 0:
-        return f"{variant}: the compile fits in the build host's RAM, no swap needed"
-    return f"{variant}: the compile needs >= {swap_gib:g} GiB of swap on the build host (build.py plan)"
+        return f"{variant}: the compile fits in an inf2.8xlarge's 128 GiB of RAM, no swap needed"
+    return f"{variant}: the compile needs >= {swap_gib:g} GiB of swap on an inf2.8xlarge (128 GiB RAM; build.py plan)"
 
 
 def _base_spec(manifest: Manifest, options: ImageOptions, repository: str, tag: str, variants: tuple[str, ...],

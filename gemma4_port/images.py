@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from .imageplan import (
-    SLIM_TP, ImageError, ImageOptions, ImageSpec, build_tool_files, pin_base, plan_images, python_requirements,
+    SLIM_TP, ImageError, ImageOptions, ImageSpec, base_variants, build_tool_files, pin_base, plan_images, python_requirements,
     render_dockerfile,
 )
 from .manifest import Manifest, load_manifest
@@ -77,6 +77,13 @@ def git_revision(root: Path = ROOT) -> str:
     return "unknown"
 
 
+def compile_swap(manifest: Manifest) -> dict[str, int]:
+    """variant -> GiB of swap its Neuron compile needs on the build host (build.py plan's estimate)."""
+    from .capacity import compile_swap_gib
+
+    return {v: compile_swap_gib(manifest, manifest.variant(v)) for v in base_variants(manifest)}
+
+
 def image_options(args, manifest: Manifest) -> ImageOptions:
     flavour = args.flavour or ("cpu" if manifest.model.random else "neuron")
     project = _pyproject()
@@ -84,6 +91,7 @@ def image_options(args, manifest: Manifest) -> ImageOptions:
         flavour=flavour, base_image=args.base_image, registry=args.registry,
         only=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
         weights=args.weights or "secret", requirements=host_requirements(), cpu_torch=md.version("torch"),
+        compile_swap_gib=compile_swap(manifest) if flavour == "neuron" else None,
         source=project.get("urls", {}).get("Source", "unknown"), version=project["version"],
         revision=git_revision(), created=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
@@ -151,11 +159,16 @@ def host_checkpoint(manifest: Manifest) -> Path:
 
 
 def _link_tree(src: Path, dst: Path) -> None:
+    """Hard links (big artifacts and wheels are never copied), except for files others cannot read:
+    the server runs as a non-root user, so those are copied and made readable (the host's stay as they are)."""
     def link(a, b):
-        try:
-            os.link(a, b)
-        except OSError:  # another filesystem: copy
-            shutil.copy2(a, b)
+        if os.stat(a).st_mode & 0o004:
+            try:
+                return os.link(a, b)
+            except OSError:  # another filesystem
+                pass
+        shutil.copy2(a, b)
+        os.chmod(b, os.stat(b).st_mode | 0o444)
 
     if src.is_dir():
         shutil.copytree(src, dst, copy_function=link, symlinks=True)

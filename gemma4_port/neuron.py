@@ -322,10 +322,10 @@ BUILDERS = {"trace": _trace, "model_builder": _model_builder, "parallel_trace": 
 
 def compile_neuron(manifest: Manifest, variant: Variant, out: Path, progress=None) -> Path:
     layout = neuron_layout(variant.tp, variant.prefill, variant.buckets)
-    versions = load_sdk(manifest.toolchain, layout)  # before any work: a missing SDK fails at once
-    torch.set_grad_enabled(False)
     # neuronx-cc keys its cache by HLO hash: an unchanged graph is not compiled twice.
     os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(cache_root() / "neuron-compile-cache"))
+    versions = load_sdk(manifest.toolchain, layout)  # before any work: a missing SDK fails at once
+    torch.set_grad_enabled(False)
     with _step(progress, "checkpoint"):
         ckpt = resolve_checkpoint(manifest)
         config = read_text_config(ckpt)
@@ -349,6 +349,8 @@ def compile_neuron(manifest: Manifest, variant: Variant, out: Path, progress=Non
     with _step(progress, f"check and lint {len(layout.device_graphs)} device graph(s)"):
         # Rank 0's graph stands for every rank's (check_spmd); its values do not matter to the lint.
         jobs = b.jobs(whole if variant.tp == 1 else empty_decoder(shards[0], b.dtype))
+    if variant.tp > 1:  # the NxD tracers build each rank's module themselves: drop the lint copy
+        jobs = [(name, None, inputs) for name, _, inputs in jobs]
     with _step(progress, f"neuronx-cc: {len(jobs)} graph(s) via {layout.builder} (long; workdir {b.workdir})"):
         graphs |= BUILDERS[layout.builder](b, jobs)
     return _finish(manifest, variant, out, ckpt, geo, graphs, tables, "neuron", progress, extra_versions=versions)

@@ -118,7 +118,7 @@ def shard_model(config, tp: int = 1, rank: int = 0) -> ModelShard:
         layers.append(LayerShard(
             index=i, kind=kinds[i], head_dim=head_dim, q_heads_total=nq, kv_heads_total=nkv,
             q_heads=q_heads, q_start=q_start, kv_rule=rule, kv_heads=kv_heads, kv_start=kv_start,
-            kv_use_start=kv_use_start, kv_use=kv_use, groups=(q_heads // tp) // kv_use if rule == REPLICATED else q_heads // kv_use,
+            kv_use_start=kv_use_start, kv_use=kv_use, groups=q_heads // kv_use,
             owns_cache=i < first_shared, cache=cache_of_layer[i],
             k_eq_v=bool(config.attention_k_eq_v) and kinds[i] == "full",
             intermediate=inter_total // tp, intermediate_start=rank * (inter_total // tp),

@@ -20,16 +20,16 @@ from .checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
 from .compile import _finish, _prepare, _step, geometry, host_tables, trace_cpu
 from .manifest import Manifest, Variant
 from .model import Gemma4Decoder
-from .sharding import shard_model
+from .sharding import ModelShard, shard_model
 
 
 class _RankTracer:
     """One rank's decoder: its shard of the weights, with `reduce` = the traceable all-reduce."""
 
-    def __init__(self, rank: int, tp: int, ckpt: Path, geo: Geometry):
+    def __init__(self, rank: int, tp: int, ckpt: Path, geo: Geometry, shards: list[ModelShard]):
         reader = CheckpointReader(ckpt)
         self.rank, self.geo = rank, geo
-        self.decoder = Gemma4Decoder(shard_model(read_text_config(ckpt), tp, rank), DTYPES[geo.dtype], all_reduce)
+        self.decoder = Gemma4Decoder(shards[rank], DTYPES[geo.dtype], all_reduce)
         self.decoder.load_weights(reader)  # reads only this rank's rows/columns (get_slice)
         self.host = HostInputs(geo, host_tables(reader, geo))
 
@@ -45,12 +45,13 @@ def compile_tp_cpu(manifest: Manifest, variant: Variant, out: Path, progress=Non
         ckpt = resolve_checkpoint(manifest)
         config = read_text_config(ckpt)
         reader = CheckpointReader(ckpt)
-    shards = [shard_model(config, variant.tp, r) for r in range(variant.tp)]  # a plan that cannot hold fails here
+    # The plan is made once, here: a plan that cannot hold fails before any process starts.
+    shards = [shard_model(config, variant.tp, r) for r in range(variant.tp)]
     geo = geometry(config, shards[0], variant)  # every rank has the same per-rank shapes and inputs
     _prepare(out, ckpt)
     tables = host_tables(reader, geo)
     with _step(progress, f"{variant.tp} ranks (gloo): load each rank's shard, trace with all-reduce, lint"):
-        group = RankGroup(variant.tp, _RankTracer, (ckpt, geo))
+        group = RankGroup(variant.tp, _RankTracer, (ckpt, geo, shards))
         try:
             graphs = {k: v for per_rank in group.call("trace", out) for k, v in per_rank.items()}
         finally:

@@ -3,7 +3,8 @@
 # layer, never the base. The base keeps its own copy of the runtime modules its build tools import
 # (artifact, loader, ...); the server imports the whole package from @{server} (PYTHONPATH).
 FROM @{from_image}
-RUN useradd --system --uid @{uid} --user-group --no-create-home --home-dir /nonexistent gemma4
+RUN groupadd --system --gid @{uid} gemma4 \
+ && useradd --system --uid @{uid} --gid @{uid} --no-create-home --home-dir /nonexistent gemma4
 COPY runtime/ @{server}/runtime/
 @{env}
 WORKDIR @{server}

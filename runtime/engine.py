@@ -161,7 +161,7 @@ class Engine:
         self._lock = threading.Lock()  # state changes vs. submissions: no job is queued after the drain
         self._closing = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gemma4-engine", daemon=True)
-        self.metrics.watch(queue_depth=self._queue.qsize, busy_slots=lambda: self.busy_slots)
+        self.metrics.watch(queue_depth=lambda: self.queue_depth, busy_slots=lambda: self.busy_slots)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> Engine:
@@ -230,6 +230,10 @@ class Engine:
     @property
     def busy_slots(self) -> int:
         return len(self._live)
+
+    @property
+    def queue_depth(self) -> int:
+        return self._queue.qsize()
 
     def submit(self, job: Job) -> Job:
         with self._lock:

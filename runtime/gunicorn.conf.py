@@ -31,3 +31,11 @@ accesslog = "-"
 errorlog = "-"
 loglevel = "info"
 control_socket_disable = True  # gunicorn 27 would otherwise share one socket path between servers
+
+
+def worker_exit(server, worker):
+    """The requests in flight are done: stop the engine thread before the interpreter goes away
+    (a daemon thread killed inside a graph call aborts the process)."""
+    app = getattr(worker, "wsgi", None)
+    if app is not None:
+        app.extensions["gemma4_engine"].close()

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import shutil
 import threading
 import time
 
@@ -15,6 +13,8 @@ from runtime.engine import (
 )
 from runtime.sampling import SamplingParams
 from runtime.settings import Settings
+
+from artifact_copies import with_wrong_golden
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = ("The capital of France is", "hello world", "Inferentia2 has two NeuronCores", "def fibonacci(n):")
@@ -150,19 +150,8 @@ def test_token_budget_never_truncates(b4):
         token_budget(geo, 10, 55)
 
 
-def planted(src, tmp_path):
-    """A copy of an artifact whose first golden token is wrong (artifact.json is outside the sha256s)."""
-    dst = tmp_path / "planted"
-    shutil.copytree(src, dst)
-    raw = json.loads((dst / "artifact.json").read_text())
-    tokens = raw["golden"][0]["tokens"]
-    tokens[0] = (tokens[0] + 1) % raw["geometry"]["vocab"]
-    (dst / "artifact.json").write_text(json.dumps(raw))
-    return dst
-
-
 def test_wrong_golden_token_fails_the_self_test_for_good(compiled, tmp_path):
-    folder = planted(compiled("tiny-e2b", "fp32"), tmp_path)
+    folder = with_wrong_golden(compiled("tiny-e2b", "fp32"), tmp_path / "planted")
     engine = Engine(Settings(artifact=folder)).start()
     try:
         assert engine.wait(300) is State.FAILED

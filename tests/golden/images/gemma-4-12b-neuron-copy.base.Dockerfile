@@ -1,0 +1,53 @@
+# gemma4-inf2 base, neuron flavour (Inferentia2): gemma4-inf2/gemma-4-12b:latest
+# Build on an inf2.8xlarge (or any large x86 host: the compile runs on the CPU, not on the device).
+# Host memory for the compile of each variant:
+#   tp2-2048: the compile needs >= 58 GiB of swap on an inf2.8xlarge (128 GiB RAM; build.py plan)
+# The image is large (toolchain + artifacts): build and push it once; slim images push only their layer.
+
+FROM ubuntu:22.04 AS toolchain
+ARG DEBIAN_FRONTEND=noninteractive
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl gnupg python3.11 python3.11-venv \
+ && install -d -m 0755 /etc/apt/keyrings \
+ && curl -fsSL https://apt.repos.neuron.amazonaws.com/GPG-PUB-KEY-AMAZON-AWS-NEURON.PUB \
+    | gpg --dearmor -o /etc/apt/keyrings/neuron.gpg \
+ && . /etc/os-release \
+ && echo "deb [signed-by=/etc/apt/keyrings/neuron.gpg] https://apt.repos.neuron.amazonaws.com $VERSION_CODENAME main" \
+    > /etc/apt/sources.list.d/neuron.list \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends aws-neuronx-runtime-lib aws-neuronx-collectives aws-neuronx-tools \
+ && rm -rf /var/lib/apt/lists/*
+ENV PATH=/opt/venv/bin:/opt/aws/neuron/bin:$PATH \
+    LD_LIBRARY_PATH=/opt/aws/neuron/lib \
+    PYTHONUNBUFFERED=1
+# CPU-only torch first, from its own index (the PyPI wheel would pull CUDA), then the Neuron
+# packages at the manifest's toolchain pins from the Neuron index.
+RUN python3.11 -m venv /opt/venv \
+ && pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==2.8.*" \
+ && pip install --no-cache-dir --extra-index-url https://pip.repos.neuron.amazonaws.com \
+    "neuronx-cc==2.23.6484.*" "torch-neuronx==2.8.0.*" "neuronx-distributed==0.17.*" "transformers==5.23.0" "flask==3.1.3" "gunicorn==27.0.1" "pydantic==2.14.4"
+
+# Weights and compile in a throwaway stage: the checkpoint and the compiler's scratch stay out of the base.
+FROM toolchain AS compile
+ENV HF_HOME=/opt/hf \
+    NEURON_COMPILE_CACHE_URL=/var/tmp/neuron-compile-cache
+# The checkpoint, downloaded on the build host (its HF_TOKEN stays there), copied in.
+COPY checkpoint/ /opt/hf/hub/models--google--gemma-4-12B-it/
+COPY app/ /opt/gemma4/
+WORKDIR /opt/gemma4
+RUN HF_HUB_OFFLINE=1 python build.py compile manifest.yaml --variant tp2-2048 --backend neuron --out /opt/gemma4/artifacts/tp2-2048
+
+FROM toolchain
+# One layer per artifact, before the code: a code change never re-uploads an artifact.
+COPY --from=compile /opt/gemma4/artifacts/tp2-2048/ /opt/gemma4/artifacts/tp2-2048/
+# The build tools (build.py compile / verify) and the modules they import; the server lives in slim.
+COPY app/ /opt/gemma4/
+WORKDIR /opt/gemma4
+LABEL org.opencontainers.image.source="https://example.invalid/gemma4-inf2" \
+    org.opencontainers.image.version="0.1.0" \
+    org.opencontainers.image.revision="0000000000000000000000000000000000000000" \
+    org.opencontainers.image.created="2026-01-01T00:00:00Z" \
+    org.opencontainers.image.base.name="ubuntu:22.04" \
+    gemma4-inf2.flavour="neuron" \
+    gemma4-inf2.variants="tp2-2048" \
+    gemma4-inf2.compile-swap-gib.tp2-2048="58"

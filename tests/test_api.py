@@ -1,0 +1,227 @@
+"""The app factory with Flask's test client: the OpenAI routes, errors, key, readiness, metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from runtime.app import create_app
+from runtime.engine import Engine, State
+from runtime.settings import Settings
+
+from artifact_copies import with_wrong_golden
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MODEL = "tiny-e2b"
+HI = [{"role": "user", "content": "Capital of France?"}]
+
+
+@pytest.fixture(scope="module")
+def engine(compiled):
+    """Batch 1, a queue of one: a third concurrent request is refused."""
+    eng = Engine(Settings(artifact=compiled("tiny-e2b", "fp32"), queue_max=1)).start()
+    assert eng.wait(300) is State.READY, eng.reason
+    yield eng
+    eng.close()
+
+
+@pytest.fixture(scope="module")
+def settings(engine):
+    return engine.settings
+
+
+@pytest.fixture(scope="module")
+def client(settings, engine):
+    return create_app(settings, engine).test_client()
+
+
+def sse_events(data: bytes) -> list:
+    lines = [ln[len("data: "):] for ln in data.decode().split("\n\n") if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(ln) for ln in lines[:-1]]
+
+
+def assert_error(resp, status: int, param: str | None = None, code: str | None = None) -> dict:
+    assert resp.status_code == status, resp.get_data(as_text=True)
+    assert resp.is_json
+    err = resp.get_json()["error"]
+    assert set(err) == {"message", "type", "param", "code"} and err["message"]
+    if param is not None:
+        assert err["param"] == param
+    if code is not None:
+        assert err["code"] == code
+    return err
+
+
+def test_health_ready_and_models(client):
+    assert client.get("/health").get_json() == {"status": "alive", "state": "ready"}
+    ready = client.get("/ready")
+    assert ready.status_code == 200 and ready.get_json()["model"] == MODEL
+    models = client.get("/v1/models").get_json()
+    assert [m["id"] for m in models["data"]] == [MODEL] and models["object"] == "list"
+    assert client.get(f"/v1/models/{MODEL}").get_json()["id"] == MODEL
+    assert_error(client.get("/v1/models/gpt-4"), 404, "model", "model_not_found")
+
+
+@pytest.mark.parametrize("path,body", [
+    (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 10, "temperature": 0}),
+    (COMPLETIONS, {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 10, "temperature": 0}),
+])
+def test_streamed_text_equals_the_whole_response(client, path, body):
+    whole = client.post(path, json=body).get_json()
+    choice = whole["choices"][0]
+    text = choice["message"]["content"] if path == CHAT else choice["text"]
+    assert choice["finish_reason"] == "length" and whole["usage"]["completion_tokens"] == 10
+    assert whole["usage"]["total_tokens"] == whole["usage"]["prompt_tokens"] + 10
+    resp = client.post(path, json=body | {"stream": True, "stream_options": {"include_usage": True}})
+    assert resp.mimetype == "text/event-stream"
+    events = sse_events(resp.get_data())
+    usage = events.pop()
+    assert usage["choices"] == [] and usage["usage"] == whole["usage"]
+    if path == CHAT:
+        assert events[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+        pieces = [e["choices"][0]["delta"].get("content", "") for e in events]
+        assert {e["object"] for e in events} == {"chat.completion.chunk"}
+    else:
+        pieces = [e["choices"][0]["text"] for e in events]
+    assert "".join(pieces) == text
+    assert events[-1]["choices"][0]["finish_reason"] == "length"
+    assert len({e["id"] for e in events}) == 1
+
+
+def test_completions_accept_token_ids_and_default_to_16_tokens(client, engine):
+    ids = engine.tokenizer("hello world").input_ids
+    by_ids = client.post(COMPLETIONS, json={"model": MODEL, "prompt": ids, "temperature": 0}).get_json()
+    by_text = client.post(COMPLETIONS, json={"model": MODEL, "prompt": "hello world", "temperature": 0}).get_json()
+    assert by_ids["choices"][0]["text"] == by_text["choices"][0]["text"]
+    assert by_ids["usage"]["completion_tokens"] == 16
+
+
+def test_stop_strings_over_the_api(client):
+    body = {"model": MODEL, "messages": HI, "max_tokens": 12, "temperature": 0}
+    text = client.post(CHAT, json=body).get_json()["choices"][0]["message"]["content"]
+    stop = text[4:7]
+    for stops in (stop, [stop, "never-appears"]):
+        out = client.post(CHAT, json=body | {"stop": stops}).get_json()["choices"][0]
+        assert out["finish_reason"] == "stop" and out["message"]["content"] == text[: text.find(stop)]
+
+
+TOO_LONG = "hello world " * 40  # > 32 tokens, the largest bucket of tiny-e2b
+
+
+@pytest.mark.parametrize("path,body,status,param,code", [
+    (CHAT, b"{not json", 400, None, "invalid_json"),
+    (CHAT, b"[1, 2]", 400, None, "invalid_type"),
+    (CHAT, {"model": MODEL}, 400, "messages", None),
+    (CHAT, {"model": MODEL, "messages": []}, 400, "messages", None),
+    (CHAT, {"model": MODEL, "messages": "hi"}, 400, "messages", None),
+    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content", None),
+    (CHAT, {"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role", None),
+    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
+     "messages.0.content", None),
+    (CHAT, {"model": "gpt-4", "messages": HI}, 404, "model", "model_not_found"),
+    (CHAT, {"model": MODEL, "messages": HI, "max_tokens": "5"}, 400, "max_tokens", None),
+    (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 0}, 400, "max_tokens", None),
+    (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 2.5}, 400, "max_tokens", None),
+    (CHAT, {"model": MODEL, "messages": HI, "temperature": "hot"}, 400, "temperature", None),
+    (CHAT, {"model": MODEL, "messages": HI, "temperature": 3}, 400, "temperature", None),
+    (CHAT, {"model": MODEL, "messages": HI, "top_p": 0}, 400, "top_p", None),
+    (CHAT, {"model": MODEL, "messages": HI, "top_k": -1}, 400, "top_k", None),
+    (CHAT, {"model": MODEL, "messages": HI, "stream": "yes"}, 400, "stream", None),
+    (CHAT, {"model": MODEL, "messages": HI, "stop": 5}, 400, "stop", None),
+    (CHAT, {"model": MODEL, "messages": HI, "stop": [""]}, 400, "stop", None),
+    (CHAT, {"model": MODEL, "messages": HI, "n": 2}, 400, "n", None),
+    (CHAT, {"model": MODEL, "messages": HI, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
+    (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 100}, 400, "messages", "context_length_exceeded"),
+    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": TOO_LONG}]}, 400, "messages",
+     "context_length_exceeded"),
+    (COMPLETIONS, {"model": MODEL, "prompt": TOO_LONG}, 400, "prompt", "context_length_exceeded"),
+    (COMPLETIONS, {"model": MODEL, "prompt": []}, 400, "prompt", None),
+    (COMPLETIONS, {"model": MODEL, "prompt": [1, 99999]}, 400, "prompt", None),
+    (COMPLETIONS, {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", None),
+    (COMPLETIONS, {"model": MODEL, "prompt": "x", "echo": True}, 400, "echo", "unsupported_parameter"),
+])
+def test_bad_input_gets_a_4xx_json_error_and_the_server_stays_ready(client, path, body, status, param, code):
+    resp = client.post(path, data=body) if isinstance(body, bytes) else client.post(path, json=body)
+    assert_error(resp, status, param, code)
+    assert client.get("/ready").status_code == 200
+
+
+def test_too_long_prompt_and_max_tokens_errors_name_the_numbers(client):
+    err = assert_error(client.post(COMPLETIONS, json={"model": MODEL, "prompt": TOO_LONG}), 400)
+    assert "largest prefill bucket" in err["message"] and "(32 tokens)" in err["message"]
+    err = assert_error(client.post(COMPLETIONS, json={"model": MODEL, "prompt": "hi", "max_tokens": 70}), 400)
+    assert "max_tokens (70)" in err["message"] and "64 tokens" in err["message"]
+
+
+def test_routing_and_size_errors_are_json(client, settings):
+    assert_error(client.get("/nope"), 404, code="not_found")
+    resp = client.get(CHAT)
+    assert_error(resp, 405, code="method_not_allowed")
+    assert "POST" in resp.headers["Allow"]
+    big = b'{"model": "x", "prompt": "' + b"a" * settings.max_body_bytes + b'"}'
+    assert_error(client.post(COMPLETIONS, data=big), 413, code="request_too_large")
+
+
+def test_api_key(settings, engine):
+    keyed = create_app(settings.model_copy(update={"api_key": "sekret"}), engine).test_client()
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
+    resp = keyed.post(COMPLETIONS, json=body)
+    assert_error(resp, 401, code="invalid_api_key")
+    assert resp.headers["WWW-Authenticate"] == "Bearer"
+    assert_error(keyed.get("/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
+    assert keyed.post(COMPLETIONS, json=body, headers={"Authorization": "Bearer sekret"}).status_code == 200
+    for open_path in ("/health", "/ready", "/metrics"):
+        assert keyed.get(open_path).status_code == 200
+
+
+def test_full_queue_answers_503_with_retry_after(client, engine):
+    # Chat streams: their first chunk (the role) comes at once, so the test client returns at once.
+    body = {"model": MODEL, "messages": HI, "max_tokens": 40, "stream": True}
+    running = client.post(CHAT, json=body, buffered=False)  # in the slot
+    waiting = client.post(CHAT, json=body, buffered=False)  # in the queue (size 1)
+    refused = client.post(CHAT, json=body)
+    err = assert_error(refused, 503, code="queue_full")
+    assert refused.headers["Retry-After"] == "1" and "retry" in err["message"]
+    for resp in (running, waiting):
+        resp.close()  # the client leaves: both jobs are cancelled
+    deadline = time.monotonic() + 30
+    while engine.busy_slots or engine.queue_depth:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    assert client.get("/ready").status_code == 200
+
+
+def test_metrics_count_requests_by_endpoint_and_status(client):
+    client.post(CHAT, data=b"{")
+    client.post(COMPLETIONS, json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "temperature": 0})
+    text = client.get("/metrics").get_data(as_text=True)
+    assert 'gemma4_requests_total{endpoint="/v1/chat/completions",status="400"}' in text
+    assert 'gemma4_requests_total{endpoint="/v1/completions",status="200"}' in text
+    for name in ("gemma4_queue_depth", "gemma4_busy_slots", "gemma4_time_to_first_token_seconds_count",
+                 "gemma4_token_latency_seconds_count", "gemma4_tokens_generated_total"):
+        assert f"\n{name}" in text
+
+
+def test_ready_stays_503_after_a_failed_self_test(compiled, tmp_path):
+    folder = with_wrong_golden(compiled("tiny-e2b", "fp32"), tmp_path / "planted")
+    app = create_app(Settings(artifact=folder))  # its own engine, loading in the background
+    client = app.test_client()
+    engine = app.extensions["gemma4_engine"]
+    try:
+        assert client.get("/health").status_code == 200  # at once, while loading
+        early = client.get("/ready")
+        assert early.status_code == 503 and early.get_json()["state"] in ("loading", "self-test")
+        assert engine.wait(300) is State.FAILED
+        for _ in range(2):
+            ready = client.get("/ready")
+            assert ready.status_code == 503
+            assert ready.get_json()["state"] == "failed" and "golden prompt" in ready.get_json()["reason"]
+        err = assert_error(client.post(CHAT, json={"model": MODEL, "messages": HI}), 503, code="not_ready")
+        assert "failed" in err["message"]
+        assert client.get("/health").status_code == 200
+    finally:
+        engine.close()

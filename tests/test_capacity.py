@@ -1,0 +1,131 @@
+"""`build.py plan`: the byte counts and verdicts for the real E2B / E4B / 12B configs (shapes only,
+no weights), pinned against the seed report's experience."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemma4_port.capacity import (
+    GIB, INSTANCES, PROCESS_BYTES, ModelSizes, compile_swap_gib, fixes, footprint, host_verdict,
+)
+from gemma4_port.configs import text_config_for
+from gemma4_port.manifest import load_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+XLARGE, X8LARGE = INSTANCES
+# Elements on the device (whole model at tp 1, one rank at tp 2) and in the host tables, counted from
+# Gemma4Decoder on the meta device. "E2B" and "E4B" are effective-parameter names, not device sizes.
+DEVICE = {"e2b": (2_279_759_139, 1_369_070_883), "e4b": (4_644_441_130, 2_699_332_650),
+          "12b": (11_907_350_320, 6_465_240_880)}
+TABLES = {"e2b": 2_751_463_424, "e4b": 3_489_660_928, "12b": 1_006_632_960}
+PUBLISHED_TEXT_PARAMS = {"e2b": 4.63e9, "e4b": 7.46e9, "12b": 11.9e9}  # notes/gemma4-architecture.md
+
+
+@pytest.fixture(scope="module")
+def real():
+    out = {}
+    for name in DEVICE:
+        manifest = load_manifest(ROOT / f"manifests/gemma-4-{name}.yaml")
+        out[name] = manifest, ModelSizes(text_config_for(manifest))
+    return out
+
+
+def plan(real, name, variant, **change):
+    manifest, sizes = real[name]
+    return footprint(sizes, manifest.variant(variant).model_copy(update=change)), sizes
+
+
+@pytest.mark.parametrize("name", DEVICE)
+def test_device_weights_are_counted_from_the_module(real, name):
+    _, sizes = real[name]
+    assert (sizes.weights(1, 0), sizes.weights(2, 0)) == DEVICE[name]
+    assert sizes.weights(2, 1) == sizes.weights(2, 0)
+    assert sizes.host_tables() == TABLES[name]
+    # The device holds lm_head (the tied embedding) and the host the PLE table: device + PLE = the text model.
+    ple = TABLES[name] - sizes.shard(1, 0).vocab * sizes.shard(1, 0).hidden
+    assert abs(sizes.weights(1, 0) + ple - PUBLISHED_TEXT_PARAMS[name]) < 0.005 * PUBLISHED_TEXT_PARAMS[name]
+
+
+def test_e2b_fits_one_core_with_both_graphs_in_bf16_not_in_fp32(real):
+    fp, sizes = plan(real, "e2b", "512-128")
+    assert fp.layout.weight_copies == 3  # torch_neuronx.trace: each neff (2 prefill buckets, decode) inlines its copy
+    assert fp.per_core == 3 * 2 * DEVICE["e2b"][0] + 37_748_736 and fp.fits_core
+    two_graphs, _ = plan(real, "e2b", "512-128", buckets=(512,))  # the seed's build: one prefill + decode
+    assert two_graphs.fits_core
+    for buckets in ((128, 512), (512,)):
+        fp32, _ = plan(real, "e2b", "512-128", buckets=buckets, dtype="float32")
+        assert not fp32.fits_core
+        assert fixes(sizes, fp32)[0].startswith("dtype: bfloat16")
+
+
+def test_e4b_does_not_fit_one_core_but_fits_at_tp2(real):
+    tp1, sizes = plan(real, "e4b", "tp1-2048")
+    assert not tp1.fits_core
+    assert not plan(real, "e4b", "tp1-2048", buckets=(512,))[0].fits_core  # even the seed's two graphs in bf16
+    assert fixes(sizes, tp1)[0] == "tp: 2 -> 5.08 GiB per core"
+    tp2, _ = plan(real, "e4b", "tp2-2048")
+    assert tp2.layout.weight_copies == 1  # ModelBuilder's buckets share the weights
+    assert tp2.per_core == 2 * DEVICE["e4b"][1] + 58_720_256 and tp2.fits_core
+
+
+def test_12b_fits_only_at_tp2_in_bf16(real):
+    tp2, sizes = plan(real, "12b", "tp2-256")
+    assert tp2.fits_core and 11.9 < tp2.per_core / GIB < 12.2  # the seed: about 12 GB per core at 256
+    fp32, _ = plan(real, "12b", "tp2-fp32")
+    assert not fp32.fits_core
+    assert [f.split(" ->")[0] for f in fixes(sizes, fp32)] == ["dtype: bfloat16"]
+    for dtype in ("bfloat16", "float32"):
+        tp1, _ = plan(real, "12b", "tp2-256", tp=1, dtype=dtype)
+        assert not tp1.fits_core
+        assert not plan(real, "12b", "tp2-256", tp=1, dtype=dtype, prefill="host")[0].fits_core
+
+
+def test_a_kv_max_that_overflows_gets_the_largest_that_fits(real):
+    fp, sizes = plan(real, "e2b", "512-128", kv_max=262_144)
+    assert not fp.fits_core
+    (kv_fix,) = [f for f in fixes(sizes, fp) if f.startswith("kv_max")]
+    kv_max = int(kv_fix.split()[1])
+    assert plan(real, "e2b", "512-128", kv_max=kv_max)[0].fits_core
+    assert not plan(real, "e2b", "512-128", kv_max=kv_max + 128)[0].fits_core
+
+
+def test_host_ram_verdicts(real):
+    fp, _ = plan(real, "e2b", "512-128")
+    assert fp.serve == PROCESS_BYTES + 2 * TABLES["e2b"]  # the slim server: tables only
+    assert host_verdict(fp, XLARGE) == "yes, 3 GiB swap"  # every neff passes through host RAM once
+    assert host_verdict(fp, X8LARGE) == "yes"
+    host_prefill, _ = plan(real, "e4b", "tp2-host")  # the whole model prefills on the host CPU
+    assert host_prefill.serve == PROCESS_BYTES + 2 * (TABLES["e4b"] + DEVICE["e4b"][0])
+    assert host_verdict(host_prefill, XLARGE) == "no (host RAM)" and host_verdict(host_prefill, X8LARGE) == "yes"
+    assert host_verdict(plan(real, "e4b", "tp1-2048")[0], X8LARGE) == "no (core)"
+
+
+def test_compile_swap(real):
+    manifest, _ = real["12b"]
+    assert compile_swap_gib(manifest, manifest.variant("tp2-2048")) >= 51  # the seed: >= 55 GB swap on a 128 GB host
+    assert compile_swap_gib(manifest, manifest.variant("tp2-2048"), host_gib=256) == 0
+    e2b, _ = real["e2b"]
+    assert compile_swap_gib(e2b, e2b.variant("512-128")) == 0
+    assert compile_swap_gib(e2b, e2b.variant("512-128"), host_gib=XLARGE.host_gib) > 0
+    tiny = load_manifest(ROOT / "manifests/tiny-e4b.yaml")
+    assert compile_swap_gib(tiny, tiny.variant("tp2"), host_gib=XLARGE.host_gib) == 0
+
+
+def run_plan(*args):
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), "plan", *args], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+
+
+def test_plan_prints_the_tables_verdicts_and_fixes():
+    result = run_plan(str(ROOT / "manifests/gemma-4-e4b.yaml"), "--shards")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "gemma-4-e4b: per NeuronCore" in out and "gemma-4-e4b: host RAM" in out
+    assert "tp1-2048 does not fit a NeuronCore; fixes: tp: 2 -> 5.08 GiB per core" in " ".join(out.split())
+    core = {line.split("│")[1].strip(): line.split("│")[-2].strip() for line in out.splitlines()
+            if line.startswith("│") and "%)" in line}  # the per-core table: its last column is "fits"
+    assert core == {"tp2-2048": "yes", "tp2-host": "yes", "tp1-2048": "NO"}
+    bad = run_plan(str(ROOT / "manifests/gemma-4-e4b.yaml"), "--variant", "nope")
+    assert bad.returncode == 2 and "no variant 'nope'" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,138 @@
+"""The image plan and its Dockerfiles, without a daemon: golden files under tests/golden/images/.
+
+Regenerate after an intended change with GEMMA4_UPDATE_GOLDEN=1 and review the diff."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gemma4_port.imageplan import (
+    ImageError, ImageOptions, build_tool_files, pin_base, plan_images, render_dockerfile, served_variant,
+)
+from gemma4_port.manifest import load_manifest
+
+ROOT = Path(__file__).resolve().parents[1]
+GOLDEN = Path(__file__).parent / "golden" / "images"
+# Everything that varies between runs is pinned here, so the Dockerfiles are byte-for-byte stable.
+FIXED = dict(
+    requirements=("flask==3.1.3", "gunicorn==27.0.1", "pydantic==2.14.4"), cpu_torch="2.13.0+cpu",
+    source="https://example.invalid/gemma4-inf2", version="0.1.0", revision="0" * 40, created="2026-01-01T00:00:00Z",
+)
+BASE_DIGEST = "sha256:" + "ab" * 32
+CASES = {  # golden name -> (manifest, options)
+    "tiny-e2b-cpu": ("tiny-e2b", ImageOptions(flavour="cpu", registry="127.0.0.1:5000", **FIXED)),
+    "gemma-4-e2b-neuron": ("gemma-4-e2b", ImageOptions(
+        flavour="neuron", compile_swap_gib={"512-128": 0, "tp2-2048": 0}, **FIXED)),
+    "gemma-4-12b-neuron-copy": ("gemma-4-12b", ImageOptions(
+        flavour="neuron", weights="copy", compile_swap_gib={"tp2-2048": 58}, **FIXED)),
+}
+
+
+def manifest(name: str):
+    return load_manifest(ROOT / "manifests" / f"{name}.yaml")
+
+
+def rendered(case: str) -> dict[str, str]:
+    name, options = CASES[case]
+    out = {}
+    for spec in plan_images(manifest(name), options):
+        if spec.depends_on:
+            spec = pin_base(spec, BASE_DIGEST)
+        out[f"{case}.{spec.kind}.Dockerfile"] = render_dockerfile(spec)
+    return out
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_dockerfiles_match_golden(case):
+    files = rendered(case)
+    if os.environ.get("GEMMA4_UPDATE_GOLDEN"):
+        GOLDEN.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (GOLDEN / name).write_text(text)
+    expected = sorted(p.name for p in GOLDEN.glob(f"{case}.*.Dockerfile"))
+    assert sorted(files) == expected
+    for name, text in files.items():
+        assert text == (GOLDEN / name).read_text(), f"{name} changed; GEMMA4_UPDATE_GOLDEN=1 to accept"
+
+
+def test_slim_is_from_the_base_by_digest_and_adds_only_the_server():
+    specs = plan_images(manifest("tiny-e2b"), CASES["tiny-e2b-cpu"][1], ("build.py",), ("runtime/wsgi.py",))
+    assert [s.kind for s in specs] == ["base", "slim"]
+    base, slim = specs
+    assert base.ref == "127.0.0.1:5000/gemma4-inf2/tiny-e2b:latest" and slim.ref.endswith(":slim")
+    assert slim.from_image == base.ref
+    pinned = pin_base(slim, BASE_DIGEST)
+    assert pinned.from_image == f"127.0.0.1:5000/gemma4-inf2/tiny-e2b@{BASE_DIGEST}"
+    assert ("org.opencontainers.image.base.digest", BASE_DIGEST) in pinned.labels
+    assert dict(slim.context) == {"runtime/wsgi.py": "code:runtime/wsgi.py"}  # no artifact, no wheel, no tool
+    text = render_dockerfile(pinned)
+    assert [ln.split()[0] for ln in text.splitlines() if ln.split() and ln.split()[0] in ("COPY", "RUN")] == [
+        "RUN", "COPY"]  # the user, then the server: two thin layers
+
+
+def test_env_is_baked_from_the_manifest():
+    name, options = CASES["gemma-4-e2b-neuron"]
+    by_kind = {s.kind: s for s in plan_images(manifest(name), options)}
+    slim, tp2 = dict(by_kind["slim"].env), dict(by_kind["tp2-slim"].env)
+    assert slim["GEMMA4_ARTIFACT"] == "/opt/gemma4/artifacts/512-128" and slim["NEURON_RT_VISIBLE_CORES"] == "0"
+    assert tp2["GEMMA4_ARTIFACT"] == "/opt/gemma4/artifacts/tp2-2048" and tp2["NEURON_RT_VISIBLE_CORES"] == "0,1"
+    assert slim["GEMMA4_BACKEND"] == "neuron" and slim["GEMMA4_PORT"] == "8080" and slim["GEMMA4_HOST"] == "0.0.0.0"
+    assert by_kind["base"].variants == ("512-128", "tp2-2048")
+
+
+def test_tags_select_images_and_bring_their_base():
+    m = manifest("gemma-4-e2b")
+    kinds = lambda only: [s.kind for s in plan_images(m, ImageOptions(flavour="neuron", only=only))]  # noqa: E731
+    assert kinds(("tp2-slim",)) == ["base", "tp2-slim"]
+    assert kinds(("latest",)) == ["base"]
+    assert kinds(()) == ["base", "slim", "tp2-slim"]
+    with pytest.raises(ImageError, match=r"--tags nope: not an image of this manifest; choose from base \(latest\)"):
+        kinds(("nope",))
+
+
+def test_a_slim_kind_without_a_matching_variant_is_one_clear_error():
+    m = manifest("gemma-4-e4b")  # tp 2 and tp 1 variants; drop the tp 1 one
+    m = m.model_copy(update={"variants": tuple(v for v in m.variants if v.tp == 2)})
+    with pytest.raises(ImageError, match="slim needs a variant with tp 1; gemma-4-e4b has none"):
+        served_variant(m, "slim")
+
+
+def test_the_base_carries_the_build_tools_and_what_they_import_not_the_server():
+    sources = {str(p.relative_to(ROOT)): p.read_text() for pkg in ("gemma4_port", "runtime")
+               for p in (ROOT / pkg).glob("*.py")}
+    files = set(build_tool_files(sources))
+    assert {"build.py", "gemma4_port/compile.py", "gemma4_port/verify.py", "runtime/artifact.py",
+            "runtime/loader.py", "runtime/__init__.py"} <= files
+    assert not files & {"runtime/wsgi.py", "runtime/app.py", "gemma4_port/images.py"}
+
+
+def test_import_closure_follows_relative_lazy_and_package_imports():
+    sources = {
+        "pkg/__init__.py": "",
+        "pkg/a.py": "from .b import x\ndef f():\n    from pkg import sub\n",  # lazy, and a subpackage
+        "pkg/b.py": "import other.d\nimport torch\n",  # third-party imports are not project files
+        "pkg/c.py": "",
+        "pkg/unused.py": "",
+        "pkg/sub/__init__.py": "from ..c import y\n",  # two levels up
+        "other/__init__.py": "",
+        "other/d.py": "",
+    }
+    assert build_tool_files(sources, roots=("pkg.a",)) == (
+        "build.py", "other/__init__.py", "other/d.py", "pkg/__init__.py", "pkg/a.py", "pkg/b.py", "pkg/c.py",
+        "pkg/sub/__init__.py")
+
+
+def test_dry_run_prints_neuron_dockerfiles_without_a_daemon():
+    env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
+    run = subprocess.run([sys.executable, "build.py", "images", "manifests/gemma-4-e2b.yaml", "--dry-run"],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert "FROM ubuntu:22.04 AS toolchain" in run.stdout and "aws-neuronx-runtime-lib" in run.stdout
+    assert '"neuronx-cc==2.23.6484.*" "torch-neuronx==2.8.0.*" "neuronx-distributed==0.17.*"' in run.stdout
+    assert "--mount=type=secret,id=hf_token" in run.stdout
+    assert 'NEURON_RT_VISIBLE_CORES="0,1"' in run.stdout and "runtime.wsgi:app" in run.stdout

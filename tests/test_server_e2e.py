@@ -1,0 +1,259 @@
+"""The real thing: `build.py serve` (gunicorn) on loopback, driven by the official `openai` client
+and by raw HTTP. Two servers per module, started in parallel: batch 1 (fp32) and batch 4 (b4)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import requests
+
+from gemma4_port.reference import load_reference, reference_greedy
+from runtime.artifact import load_meta
+from runtime.tokenizer import load_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+KEY = "e2e-secret"
+MODEL = "tiny-e2b"
+STEPS = 12
+CHATS = ("Write a haiku.", "Capital of Italy?")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`build.py serve` in a process of its own; it execs gunicorn, so the pid is the master's."""
+
+    def __init__(self, artifact: Path, log: Path):
+        self.artifact, self.log, self.port = artifact, log, free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        env = os.environ | {
+            "GEMMA4_API_KEY": KEY, "GEMMA4_QUEUE_MAX": "2", "GEMMA4_MAX_BODY_BYTES": "65536",
+            "OMP_NUM_THREADS": "1",  # tiny graphs on a busy 2-core box: one thread is ~10x faster
+        }
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen([sys.executable, "build.py", "serve", str(artifact), "--port", str(self.port)],
+                                         cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc.poll() is None, f"server exited:\n{self.log.read_text()[-3000:]}"
+            try:
+                if requests.get(f"{self.url}/ready", timeout=5).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.2)
+        raise AssertionError(f"not ready after {timeout} s:\n{self.log.read_text()[-3000:]}")
+
+    def client(self, **kw) -> openai.OpenAI:
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=KEY, **kw)
+
+    def post(self, path: str, body, **kw) -> requests.Response:
+        data = body if isinstance(body, bytes) else json.dumps(body)
+        return requests.post(f"{self.url}{path}", data=data, headers={"Authorization": f"Bearer {KEY}"}, timeout=60, **kw)
+
+    def metric(self, name: str) -> float:
+        for line in requests.get(f"{self.url}/metrics", timeout=10).text.splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        raise KeyError(name)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(90)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+
+@pytest.fixture(scope="module")
+def servers(compiled, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("serve-logs")
+    started = {v: Server(compiled("tiny-e2b", v), logs / f"{v}.log") for v in ("fp32", "b4")}
+    try:
+        for server in started.values():
+            server.wait_ready()
+        yield started
+    finally:
+        for server in started.values():
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def expected(servers):
+    """The float reference's greedy text for each chat prompt (transformers, from the checkpoint)."""
+    folder = servers["fp32"].artifact
+    meta = load_meta(folder)
+    tok = load_tokenizer(folder / "tokenizer")
+    ref = load_reference(Path(meta.checkpoint))
+    out = {}
+    for text in CHATS:
+        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                      tokenize=True, return_dict=False)
+        tokens = reference_greedy(ref, list(ids), STEPS)[0]
+        cut = next((i + 1 for i, t in enumerate(tokens) if t in meta.eos_token_ids), len(tokens))
+        out[text] = (tok.decode(tokens[:cut], skip_special_tokens=True), cut, len(ids))
+    return out
+
+
+def chat(client: openai.OpenAI, text: str, stream: bool, **kw) -> tuple[str, str, object]:
+    args = dict(model=MODEL, messages=[{"role": "user", "content": text}], max_tokens=STEPS, temperature=0) | kw
+    if not stream:
+        r = client.chat.completions.create(**args)
+        return r.choices[0].message.content, r.choices[0].finish_reason, r.usage
+    pieces, finish, usage = [], None, None
+    for chunk in client.chat.completions.create(stream=True, stream_options={"include_usage": True}, **args):
+        if chunk.usage:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            pieces.append(choice.delta.content or "")
+            finish = choice.finish_reason or finish
+    return "".join(pieces), finish, usage
+
+
+def test_ready_only_after_the_self_test(servers):
+    for server in servers.values():
+        log = server.log.read_text()
+        states = [s for s in ("engine state: loading", "engine state: self-test", "engine state: ready") if s in log]
+        assert len(states) == 3 and log.index(states[0]) < log.index(states[1]) < log.index(states[2])
+        body = requests.get(f"{server.url}/ready", timeout=10).json()
+        assert body["state"] == "ready" and body["model"] == MODEL
+
+
+@pytest.mark.parametrize("variant", ["fp32", "b4"])
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+def test_greedy_chat_equals_the_float_reference(servers, expected, variant, stream):
+    client = servers[variant].client()
+    for text in CHATS:
+        want, completion_tokens, prompt_tokens = expected[text]
+        got, finish, usage = chat(client, text, stream)
+        assert got == want
+        assert finish == ("length" if completion_tokens == STEPS else "stop")
+        assert (usage.prompt_tokens, usage.completion_tokens) == (prompt_tokens, completion_tokens)
+
+
+@pytest.mark.parametrize("variant", ["fp32", "b4"])
+def test_eight_concurrent_clients_get_the_answer_or_a_503(servers, expected, variant):
+    server = servers[variant]
+    outcomes: list = [None] * 8
+
+    def one(i):
+        text = CHATS[i % 2]
+        try:
+            got = chat(server.client(max_retries=0), text, stream=i % 4 < 2)[0]
+            outcomes[i] = "ok" if got == expected[text][0] else f"wrong text {got!r}"
+        except openai.APIStatusError as exc:
+            outcomes[i] = exc.status_code
+        except Exception as exc:  # a dropped connection or a broken stream is a failure too
+            outcomes[i] = repr(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert all(o in ("ok", 503) for o in outcomes), outcomes
+    assert "ok" in outcomes
+    assert requests.get(f"{server.url}/ready", timeout=10).status_code == 200
+
+
+def test_a_client_disconnect_mid_stream_frees_its_slot(servers):
+    server = servers["b4"]
+    before = server.metric("gemma4_tokens_generated_total")
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 48, "stream": True}
+    with server.post("/v1/chat/completions", body, stream=True) as resp:
+        lines = resp.iter_lines()
+        chunks = []
+        for line in lines:  # the role chunk, then the first token
+            if line.startswith(b"data: "):
+                chunks.append(line)
+            if len(chunks) == 2:
+                break
+        assert server.metric("gemma4_busy_slots") == 1
+    deadline = time.monotonic() + 30
+    while server.metric("gemma4_busy_slots") != 0:
+        assert time.monotonic() < deadline, "the slot was not freed"
+        time.sleep(0.05)
+    assert server.metric("gemma4_tokens_generated_total") - before < 40  # cancelled, not run to max_tokens
+
+
+BAD = [
+    (b"{oops", 400, "invalid_json"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": "7"}, 400, "invalid_value"),
+    ({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found"),
+    ({"model": MODEL, "messages": []}, 400, "invalid_value"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hello world " * 40}]}, 400, "context_length_exceeded"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60}, 400, "context_length_exceeded"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "invalid_value"),
+    ({"model": MODEL, "prompt": "x" * 70_000}, 413, "request_too_large"),
+]
+
+
+def test_every_bad_input_gets_its_4xx_over_http(servers):
+    server = servers["fp32"]
+    for body, status, code in BAD:
+        resp = server.post("/v1/chat/completions", body)
+        assert resp.status_code == status, (repr(body)[:80], resp.text)
+        assert resp.headers["Content-Type"] == "application/json" and resp.json()["error"]["code"] == code
+    for method, path, status in (("GET", "/v1/nothing", 404), ("GET", "/v1/chat/completions", 405),
+                                 ("DELETE", "/v1/models", 405)):
+        resp = requests.request(method, f"{server.url}{path}", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
+        assert resp.status_code == status and resp.json()["error"]["message"]
+    assert requests.get(f"{server.url}/ready", timeout=10).status_code == 200
+    assert server.metric("gemma4_ready") == 1
+
+
+def test_api_key_is_required_except_for_probes(servers):
+    server = servers["fp32"]
+    resp = requests.get(f"{server.url}/v1/models", timeout=10)
+    assert resp.status_code == 401 and resp.json()["error"]["code"] == "invalid_api_key"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
+    assert [m.id for m in server.client().models.list()] == [MODEL]
+    for path in ("/health", "/ready", "/metrics"):
+        assert requests.get(f"{server.url}{path}", timeout=10).status_code == 200
+
+
+def test_seed_stop_and_finish_reasons_through_the_client(servers):
+    client = servers["b4"].client()
+    hot = dict(temperature=1.5, top_p=0.95, seed=7)
+    first = chat(client, CHATS[0], stream=False, **hot)[0]
+    assert chat(client, CHATS[0], stream=True, **hot)[0] == first  # same seed, same text, streamed or not
+    text, finish, _ = chat(client, CHATS[1], stream=False)
+    assert finish == "length"
+    stop = text[2:5]
+    stopped, finish, _ = chat(client, CHATS[1], stream=True, stop=[stop])
+    assert finish == "stop" and stopped == text[: text.find(stop)]
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits(servers):
+    """Last in the module: it stops the batch-1 server."""
+    server = servers["fp32"]
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "stream": True,
+            "temperature": 0}
+    with server.post("/v1/chat/completions", body, stream=True) as resp:
+        lines = (line for line in resp.iter_lines() if line.startswith(b"data: "))
+        next(lines)  # the request is in flight
+        server.proc.send_signal(signal.SIGTERM)
+        rest = list(lines)
+    assert rest[-1] == b"data: [DONE]"
+    assert json.loads(rest[-2][len(b"data: "):])["choices"][0]["finish_reason"] == "length"
+    assert server.proc.wait(90) == 0

@@ -1,0 +1,182 @@
+"""Tensor parallelism on the CPU for real: two rank processes in one gloo group, each holding only
+its shard of the weights and its own KV, with the all-reduce inside the saved graphs."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from gemma4_port.checkpoint import CheckpointReader, read_text_config
+from gemma4_port.model import kv_shapes
+from gemma4_port.sharding import REPLICATED, SPLIT, shard_model
+from runtime.artifact import load_meta
+from runtime.hostside import DTYPES
+from runtime.loader import load_artifact
+from runtime.tp_backend import RankGroup, TensorParallelError
+
+ROOT = Path(__file__).resolve().parents[1]
+# One compile per tiny manifest; tiny-e4b is checked at bf16 with two batch slots.
+CASES = [("tiny-e2b", "tp2"), ("tiny-e4b", "tp2-bf16"), ("tiny-12b", "tp2")]
+# The rule each tiny model's K/V must get, per attention kind (written out, not taken from the plan).
+KV_RULE = {"tiny-e2b": {"sliding": REPLICATED, "full": REPLICATED},  # nkv 1
+           "tiny-e4b": {"sliding": SPLIT, "full": SPLIT},  # nkv 2
+           "tiny-12b": {"sliding": SPLIT, "full": REPLICATED}}  # nkv 8, global nkv 1 with k_eq_v
+HALVED = ("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SPLIT_DIM = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0, "o_proj": 1, "down_proj": 1}
+
+
+def verify(folder, *extra):
+    """`build.py verify` in a fresh process, as a user runs it."""
+    return subprocess.run([sys.executable, str(ROOT / "build.py"), "verify", str(folder), *extra],
+                          capture_output=True, text=True, cwd=ROOT, env=os.environ | {"COLUMNS": "250"}, timeout=600)
+
+
+def rank_weights(folder: Path, rank: int) -> dict[str, torch.Tensor]:
+    """The weights rank `rank` actually runs with: the tensors saved in its decode graph."""
+    meta = load_meta(folder)
+    graph = torch.jit.load(str(folder / meta.graphs[f"rank{rank}/decode"]))
+    return {k.removeprefix("decoder."): v for k, v in graph.state_dict().items()}
+
+
+@pytest.mark.parametrize("name, variant", CASES + [pytest.param("tiny-e4b", "tp2", marks=pytest.mark.slow)])
+def test_tp2_compiles_and_verifies_token_for_token(compiled, name, variant):
+    folder = compiled(name, variant)
+    meta = load_meta(folder)
+    assert meta.geometry.tp == 2
+    assert set(meta.graphs) == {f"rank{r}/{g}" for r in (0, 1) for g in ("prefill_16", "prefill_32", "decode")}
+    result = verify(folder)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    assert len(rows) >= 8 and all("│ True " in row for row in rows), result.stdout
+    assert "random:to-kv_max" in result.stdout and "0 failed" in result.stdout
+    assert result.stdout.count("slots:") == (meta.geometry.batch if meta.geometry.batch > 1 else 0)
+
+
+@pytest.mark.parametrize("name, variant", CASES)
+def test_each_rank_holds_half_of_the_sharded_weights_and_its_own_kv(compiled, name, variant):
+    folder = compiled(name, variant)
+    meta = load_meta(folder)
+    ckpt = Path(meta.checkpoint)
+    reader, config = CheckpointReader(ckpt), read_text_config(ckpt)
+    dtype = DTYPES[meta.geometry.dtype]
+    ranks = [rank_weights(folder, r) for r in (0, 1)]
+    plan = shard_model(config, 2, 0)
+    tp1_bytes, rank_bytes = {}, [{}, {}]
+    for key in ranks[0]:
+        kind = key.split(".")[-2]
+        if kind not in SPLIT_DIM:
+            continue
+        full = reader.get(key).to(dtype)
+        tp1_bytes[kind] = tp1_bytes.get(kind, 0) + full.numel() * full.element_size()
+        for r in (0, 1):
+            rank_bytes[r][kind] = rank_bytes[r].get(kind, 0) + ranks[r][key].numel() * ranks[r][key].element_size()
+        rule = SPLIT if kind in HALVED else KV_RULE[name][plan.layers[int(key.split(".")[1])].kind]
+        if rule == SPLIT:  # the two ranks' slices are the two halves of the checkpoint tensor, in order
+            torch.testing.assert_close(torch.cat([ranks[0][key], ranks[1][key]], SPLIT_DIM[kind]), full, rtol=0, atol=0)
+        else:
+            for r in (0, 1):
+                torch.testing.assert_close(ranks[r][key], full, rtol=0, atol=0)
+    for kind in HALVED:
+        assert rank_bytes[0][kind] == rank_bytes[1][kind] == tp1_bytes[kind] // 2, kind
+    held, total = sum(rank_bytes[0].values()), sum(tp1_bytes.values())
+    assert 0.5 <= held / total <= 0.52, (held, total)  # above one half only by the replicated K/V
+
+    # KV buffers: each rank's own shape, halved where K/V are split and whole where replicated
+    geo = meta.geometry
+    tp1 = kv_shapes(shard_model(config), geo.batch, geo.kv_max)
+    for r in (0, 1):
+        assert list(geo.kv_shapes) == kv_shapes(shard_model(config, 2, r), geo.batch, geo.kv_max)
+    for c, layer in enumerate(plan.cache_layers):
+        want = tp1[2 * c][1] // (2 if KV_RULE[name][plan.layers[layer].kind] == SPLIT else 1)
+        assert geo.kv_shapes[2 * c][1] == geo.kv_shapes[2 * c + 1][1] == want
+    kv_ratio = sum(map(math.prod, geo.kv_shapes)) / sum(map(math.prod, tp1))
+    low, high = {"tiny-e2b": (1.0, 1.0), "tiny-e4b": (0.5, 0.5), "tiny-12b": (0.5, 1.0)}[name]
+    assert low <= kv_ratio <= high
+
+
+@pytest.mark.parametrize("name, variant", CASES)
+def test_the_saved_rank_graphs_carry_the_all_reduce(compiled, name, variant):
+    """Two per layer (after o_proj and after down_proj), recorded in the graph file itself."""
+    folder = compiled(name, variant)
+    meta = load_meta(folder)
+    for key, rel in meta.graphs.items():
+        graph = torch.jit.load(str(folder / rel)).inlined_graph
+        reduces = [n for n in graph.nodes() if n.kind() == "gemma4_tp::all_reduce"]
+        assert len(reduces) == 2 * meta.geometry.num_layers, key
+
+
+def _ranks_gone(pids) -> bool:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_the_backend_resets_and_closes_cleanly(compiled):
+    model = load_artifact(compiled("tiny-12b", "tp2"))
+    backend = model.runner.backend
+    pids = backend.group.pids
+    ids = [5, 80, 300, 7, 21]
+    first = model.runner.greedy(ids, 6)[0]
+    backend.reset()
+    assert model.runner.greedy(ids, 6)[0] == first
+    model.close()
+    assert _ranks_gone(pids)
+    model.close()  # idempotent
+    with pytest.raises(TensorParallelError, match="shut down"):
+        model.runner.prefill(0, ids)
+
+
+def test_a_killed_rank_is_a_clear_error_not_a_hang(compiled):
+    model = load_artifact(compiled("tiny-12b", "tp2"))
+    pids = model.runner.backend.group.pids
+    model.runner.prefill(0, [5, 80, 300])
+    os.kill(pids[1], signal.SIGKILL)
+    start = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"tp rank 1 \(pid \d+\) died during decode with exit code -9"):
+        model.runner.decode({0: 7})
+    assert time.monotonic() - start < 15
+    assert _ranks_gone(pids)
+
+
+class Flaky:
+    """A rank actor for the failure paths of RankGroup."""
+
+    def __init__(self, rank, tp):
+        self.rank = rank
+
+    def nap(self, rank, seconds):
+        if self.rank == rank:
+            time.sleep(seconds)
+
+    def fail(self, rank):
+        if self.rank == rank:
+            raise ValueError("this rank is broken")
+
+
+def test_a_stalled_rank_times_out_and_the_group_shuts_down():
+    group = RankGroup(2, Flaky, timeout=60)
+    pids = group.pids
+    group.timeout = 2
+    start = time.monotonic()
+    with pytest.raises(TensorParallelError, match=r"tp rank\(s\) \[1\] did not finish nap within 2 s"):
+        group.call("nap", 1, 60)
+    assert time.monotonic() - start < 20
+    assert _ranks_gone(pids)
+
+
+def test_a_rank_that_raises_names_itself_and_the_error():
+    group = RankGroup(2, Flaky)
+    pids = group.pids
+    with pytest.raises(TensorParallelError, match="tp rank 0 failed during fail: ValueError: this rank is broken"):
+        group.call("fail", 0)
+    assert _ranks_gone(pids)

@@ -160,7 +160,7 @@ def fixes(sizes: ModelSizes, fp: Footprint) -> list[str]:
         if v.dtype == "float32":
             tries.append(("tp: 2 and dtype: bfloat16", {"tp": 2, "dtype": "bfloat16"}))
         if v.prefill == "device":
-            tries.append(("prefill: host (decode alone on the core; the host CPU runs the prompt)", {"prefill": "host"}))
+            tries.append(("prefill: host (decode alone on the core, the prompt on the host CPU)", {"prefill": "host"}))
     out = []
     for text, change in tries:
         try:

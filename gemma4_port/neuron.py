@@ -23,6 +23,7 @@ from typing import Literal
 import torch
 from torch import nn
 
+from runtime.artifact import Geometry
 from runtime.hostside import DTYPES, HostInputs
 from runtime.neuron_backend import HOST_KV, NeuronLayout, neuron_layout, signature
 from runtime.versions import installed_versions, pin_problems, require
@@ -183,7 +184,8 @@ def to_nxd(decoder: Gemma4Decoder, plan: list[NxdLinear], dtype: torch.dtype) ->
         old = decoder.get_submodule(e.path)
         new = layers[e.kind](e.in_features, e.out_features, bias=False, dtype=dtype, **e.options)
         if new.weight.shape != old.weight.shape:
-            raise ShardingError(f"{e.path}: NxD holds {tuple(new.weight.shape)} per rank, the plan {tuple(old.weight.shape)}")
+            raise ShardingError(f"{e.path}: NxD holds {tuple(new.weight.shape)} per rank, "
+                                f"the sharding plan {tuple(old.weight.shape)}")
         setattr(decoder.get_submodule(parent), attr, new)
 
 
@@ -241,8 +243,8 @@ class _Build:
     variant: Variant
     layout: NeuronLayout
     ckpt: Path
-    config: object
-    geo: object
+    config: object  # Gemma4TextConfig
+    geo: Geometry
     host: HostInputs
     out: Path
     workdir: Path
@@ -250,6 +252,13 @@ class _Build:
     @property
     def dtype(self) -> torch.dtype:
         return DTYPES[self.variant.dtype]
+
+    @property
+    def compiler_args(self) -> list[str]:
+        """The manifest's neuronx-cc flags, targeting inf2 unless they say otherwise: a build host that
+        is not an inf2 instance cannot be asked which chip it compiles for."""
+        args = list(self.manifest.toolchain.compiler_args)
+        return args if any(a.startswith("--target") for a in args) else [*args, "--target", "inf2"]
 
     def jobs(self, decoder: Gemma4Decoder) -> list[tuple[str, DeviceKV, tuple]]:
         """Each device graph around `decoder`, with its example inputs, checked and linted."""
@@ -268,9 +277,10 @@ def _trace(b: _Build, jobs) -> dict[str, str]:
 
     graphs = {}
     for name, module, inputs in jobs:
+        # cpu_backend: the trace itself needs no NeuronCore, so any host with the RAM can build.
         traced = torch_neuronx.trace(module, inputs, input_output_aliases=module.aliases(),
-                                     compiler_workdir=str(b.workdir / name),
-                                     compiler_args=list(b.manifest.toolchain.compiler_args))
+                                     compiler_workdir=str(b.workdir / name), compiler_args=b.compiler_args,
+                                     cpu_backend=True)
         rel = f"graphs/{name}.pt"
         torch.jit.save(traced, str(b.out / rel))
         graphs[name] = rel
@@ -285,7 +295,7 @@ def _model_builder(b: _Build, jobs) -> dict[str, str]:
     for graph in ("prefill", "decode"):  # one model, two keys: they share weights and KV state
         builder.add(key=graph, model_instance=RankGraph(b.ckpt, b.config, b.variant, graph, with_weights=False),
                     example_inputs=[inputs for name, _, inputs in jobs if graph_of(name)[0] == graph],
-                    compiler_args=" ".join(b.manifest.toolchain.compiler_args))
+                    compiler_args=" ".join(b.compiler_args))
     model = builder.trace(initialize_model_weights=False)  # no NeuronCore needed on the build host
     torch.jit.save(model, str(b.out / "graphs/nxd_model.pt"))  # TorchScript's save, not an NxD one
     builder.shard_checkpoint(serialize_path=str(b.out / "weights"))
@@ -298,7 +308,7 @@ def _parallel_trace(b: _Build, jobs) -> dict[str, str]:
     (name, _, inputs), = jobs  # decode alone
     model = parallel_model_trace(RankGraph(b.ckpt, b.config, b.variant, "decode", with_weights=True), inputs,
                                  tp_degree=b.variant.tp, compiler_workdir=str(b.workdir),
-                                 compiler_args=list(b.manifest.toolchain.compiler_args))
+                                 compiler_args=b.compiler_args)
     parallel_model_save(model, str(b.out / "graphs/decode"))
     return {"decode": "graphs/decode"}
 

@@ -11,8 +11,8 @@ import time
 import uuid
 from typing import Annotated, Literal
 
-from jinja2 import TemplateError
 from flask import Blueprint, Response, current_app, jsonify, request
+from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
 from .engine import Delta, DoesNotFit, Engine, Failed, Finished, Job, NotReady, QueueFull, State, token_budget
@@ -24,6 +24,7 @@ bp = Blueprint("openai", __name__, url_prefix="/v1")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the room left
 MAX_STOPS = 16
 RETRY_AFTER_S = "1"
+
 
 def _stops(value) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
@@ -94,12 +95,8 @@ class CompletionBody(_Body):
     prompt: Annotated[str | list[int], PlainValidator(_prompt)]
 
 
-def engine() -> Engine:
-    return current_app.extensions["gemma4_engine"]
-
-
 def ready_engine() -> Engine:
-    eng = engine()
+    eng: Engine = current_app.extensions["gemma4_engine"]
     if eng.state is not State.READY:
         retry = {"Retry-After": "5"} if eng.state is not State.FAILED else {}
         raise APIError(503, f"the model is not ready ({eng.state.value}: {eng.reason})", code="not_ready", headers=retry)

@@ -33,6 +33,7 @@ class State(str, Enum):
     SELF_TEST = "self-test"
     READY = "ready"
     FAILED = "failed"
+    STOPPED = "stopped"  # closed on shutdown
 
 
 class NotReady(RuntimeError):
@@ -160,6 +161,7 @@ class Engine:
         self._live: dict[int, _Live] = {}
         self._lock = threading.Lock()  # state changes vs. submissions: no job is queued after the drain
         self._closing = threading.Event()
+        self._settled = threading.Event()  # set once ready, failed or stopped
         self._thread = threading.Thread(target=self._run, name="gemma4-engine", daemon=True)
         self.metrics.watch(queue_depth=lambda: self.queue_depth, busy_slots=lambda: self.busy_slots)
 
@@ -170,26 +172,30 @@ class Engine:
         return self
 
     def wait(self, timeout: float | None = None) -> State:
-        """Block until the engine is ready or failed (or the timeout passes)."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.state in (State.LOADING, State.SELF_TEST):
-            if deadline is not None and time.monotonic() > deadline:
-                break
-            time.sleep(0.02)
+        """Block until the engine is ready, failed or stopped (or the timeout passes)."""
+        self._settled.wait(timeout)
         return self.state
 
     def close(self, timeout: float = 30.0) -> None:
+        """Stop the engine thread; requests still waiting or running get a Failed event."""
+        if self.state is not State.FAILED:
+            self._set(State.STOPPED, "the server is shutting down")
         self._closing.set()
         if self._thread.is_alive():
             self._thread.join(timeout)
         self._fail_all("the server is shutting down")
         if self.model is not None:
             self.model.close()
+            self.model = None
 
     def _set(self, state: State, reason: str = "") -> None:
         with self._lock:
+            if self.state is State.STOPPED:
+                return  # closed while loading: the loading thread must not bring it back
             self.state, self.reason = state, reason
         self.metrics.ready.set(state is State.READY)
+        if state is not State.SELF_TEST:
+            self._settled.set()
         if state is State.FAILED:
             log.error("engine state: %s: %s", state.value, reason)
         else:
@@ -247,14 +253,12 @@ class Engine:
         return job
 
     def _fail_all(self, message: str) -> None:
-        with self._lock:
-            if self.state is State.READY:
-                self.state, self.reason = State.FAILED, message
-            while True:
-                try:
-                    self._queue.get_nowait().put(Failed(message))
-                except queue.Empty:
-                    break
+        """After the state left READY (so nothing new is queued): fail every waiting and running job."""
+        while True:
+            try:
+                self._queue.get_nowait().put(Failed(message))
+            except queue.Empty:
+                break
         for slot in list(self._live):
             self._live.pop(slot).job.put(Failed(message))
 

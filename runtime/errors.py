@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import logging
 
-from flask import Flask, jsonify
+from flask import Flask, jsonify, request
 from pydantic import ValidationError
-from werkzeug.exceptions import HTTPException
+from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 
 log = logging.getLogger("gemma4.api")
 
@@ -55,18 +55,20 @@ def register(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def http_error(exc: HTTPException):
-        messages = {
-            404: "no such route; the API is under /v1 (see GET /v1/models)",
-            405: f"method not allowed here; allowed: {', '.join(sorted(exc.valid_methods or []))}"
-            if getattr(exc, "valid_methods", None) else "method not allowed",
-            413: f"the request body is larger than the limit of {app.config['MAX_CONTENT_LENGTH']} bytes",
-        }
-        headers = dict(exc.get_response().headers)  # keeps `Allow` on a 405
-        headers.pop("Content-Type", None)
-        headers.pop("Content-Length", None)
-        code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(exc.code)
-        return APIError(exc.code or 500, messages.get(exc.code, exc.description or exc.name), code=code,
-                        headers=headers).response()
+        """werkzeug's routing and size errors, as OpenAI JSON (a 405 keeps its Allow header)."""
+        headers = {}
+        if isinstance(exc, MethodNotAllowed):
+            allowed = ", ".join(sorted(exc.valid_methods or ()))
+            message, headers = f"{request.method} is not allowed on {request.path}; allowed: {allowed}", {"Allow": allowed}
+        elif isinstance(exc, NotFound):
+            message = f"no route {request.path}; the API is under /v1 (see GET /v1/models)"
+        elif isinstance(exc, RequestEntityTooLarge):
+            message = (f"the request body is larger than the limit of {app.config['MAX_CONTENT_LENGTH']} bytes "
+                       "(GEMMA4_MAX_BODY_BYTES)")
+        else:
+            message = exc.description or exc.name
+        code = exc.name.lower().replace(" ", "_")  # not_found, method_not_allowed, request_entity_too_large
+        return APIError(exc.code or 500, message, code=code, headers=headers).response()
 
     @app.errorhandler(Exception)
     def internal_error(exc: Exception):

@@ -42,12 +42,11 @@ def softcap(logits, cap: float | None):
 def row_weights(x: np.ndarray, cap: float | None, temperature: float) -> np.ndarray:
     """exp((softcap(x) - its max) / temperature) over a whole row, computed in one buffer: at
     262,144 values each temporary array costs more in page faults than in arithmetic."""
-    w = np.divide(x, cap) if cap else x.astype(np.float32)  # a fresh (V,) buffer, then in place
+    w = np.multiply(x, 1.0 / cap, dtype=np.float32) if cap else x.astype(np.float32)  # a fresh (V,) buffer
     if cap:
-        np.tanh(w, out=w)
-        w *= cap
+        np.tanh(w, out=w)  # softcap = cap * tanh(x / cap); the cap joins the temperature below
     w -= w.max()
-    w /= temperature
+    w *= (cap or 1.0) / temperature
     return np.exp(w, out=w)
 
 

@@ -163,7 +163,7 @@ def test_routing_and_size_errors_are_json(client, settings):
     assert_error(resp, 405, code="method_not_allowed")
     assert "POST" in resp.headers["Allow"]
     big = b'{"model": "x", "prompt": "' + b"a" * settings.max_body_bytes + b'"}'
-    assert_error(client.post(COMPLETIONS, data=big), 413, code="request_too_large")
+    assert_error(client.post(COMPLETIONS, data=big), 413, code="request_entity_too_large")
 
 
 def test_api_key(settings, engine):
@@ -225,3 +225,36 @@ def test_ready_stays_503_after_a_failed_self_test(compiled, tmp_path):
         assert client.get("/health").status_code == 200
     finally:
         engine.close()
+
+
+def test_settings_from_the_environment(tmp_path):
+    s = Settings.from_env({"GEMMA4_ARTIFACT": str(tmp_path), "GEMMA4_API_KEY": "", "GEMMA4_QUEUE_MAX": "3"})
+    assert (s.queue_max, s.api_key, s.backend, s.port, s.max_body_bytes) == (3, None, "auto", 8080, 1 << 20)
+    assert Settings.from_env(s.to_env()) == s
+    with pytest.raises(Exception):
+        s.queue_max = 4  # frozen: parsed once at the edge
+
+
+@pytest.mark.parametrize("var,value", [
+    ("GEMMA4_ARTIFACT", None), ("GEMMA4_ARTIFACT", "/no/such/dir"), ("GEMMA4_QUEUE_MAX", "lots"),
+    ("GEMMA4_QUEUE_MAX", "0"), ("GEMMA4_PORT", "70000"), ("GEMMA4_BACKEND", "gpu"), ("GEMMA4_MAX_BODY_BYTES", "10"),
+])
+def test_a_bad_setting_is_one_error_naming_the_variable(tmp_path, var, value):
+    from runtime.settings import SettingsError
+
+    env = {"GEMMA4_ARTIFACT": str(tmp_path)} | {var: value}
+    env = {k: v for k, v in env.items() if v is not None}
+    with pytest.raises(SettingsError, match=f"^{var}") as info:
+        Settings.from_env(env)
+    assert "\n" not in str(info.value)
+
+
+def test_serve_checks_the_artifact_before_starting_gunicorn(compiled, tmp_path):
+    from runtime.artifact import ArtifactError
+    from runtime.serve import run
+    from runtime.settings import SettingsError
+
+    with pytest.raises(ArtifactError, match="artifact.json is missing"):
+        run({"GEMMA4_ARTIFACT": str(tmp_path)})
+    with pytest.raises(SettingsError, match="GEMMA4_BACKEND=neuron.*compiled for the cpu backend"):
+        run({"GEMMA4_ARTIFACT": str(compiled("tiny-e2b", "fp32")), "GEMMA4_BACKEND": "neuron"})

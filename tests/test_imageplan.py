@@ -136,3 +136,25 @@ def test_dry_run_prints_neuron_dockerfiles_without_a_daemon():
     assert '"neuronx-cc==2.23.6484.*" "torch-neuronx==2.8.0.*" "neuronx-distributed==0.17.*"' in run.stdout
     assert "--mount=type=secret,id=hf_token" in run.stdout
     assert 'NEURON_RT_VISIBLE_CORES="0,1"' in run.stdout and "runtime.wsgi:app" in run.stdout
+
+
+def test_kubernetes_manifests_fit_the_slim_image():
+    import yaml
+
+    from gemma4_port.imageplan import SERVER_PORT, SERVER_UID
+
+    k8s = ROOT / "deploy" / "k8s"
+    docs = {d["kind"]: d for f in ("deployment.yaml", "service.yaml", "hpa.yaml") for d in yaml.safe_load_all(
+        (k8s / f).read_text())}
+    assert set(yaml.safe_load((k8s / "kustomization.yaml").read_text())["resources"]) == {
+        "deployment.yaml", "service.yaml", "hpa.yaml"}
+    pod = docs["Deployment"]["spec"]["template"]
+    (server,) = pod["spec"]["containers"]
+    assert server["ports"][0]["containerPort"] == SERVER_PORT
+    assert server["readinessProbe"]["httpGet"]["path"] == "/ready"
+    assert server["livenessProbe"]["httpGet"]["path"] == "/health"
+    assert server["resources"]["limits"]["aws.amazon.com/neuron"] == 1
+    assert pod["spec"]["securityContext"]["runAsUser"] == SERVER_UID
+    assert docs["Service"]["spec"]["selector"] == pod["metadata"]["labels"]
+    target = docs["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
+    assert (target["kind"], target["name"]) == ("Deployment", docs["Deployment"]["metadata"]["name"])

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import torch
 
 from gemma4_port.compile import compile_artifact
 from gemma4_port.manifest import load_manifest

@@ -130,7 +130,7 @@ def test_sampled_frequencies_match_the_reference():
     params = SamplingParams(temperature=0.9, top_p=0.9, top_k=6)
     want = reference(row, params, CAP)
     g = torch.Generator().manual_seed(1)
-    n = 20_000
+    n = 6000
     counts = np.bincount([sample(row, params, CAP, g) for _ in range(n)], minlength=8) / n
     assert set(np.flatnonzero(counts)) == set(want)
-    np.testing.assert_allclose([counts[i] for i in want], list(want.values()), atol=0.015)
+    np.testing.assert_allclose([counts[i] for i in want], list(want.values()), atol=0.025)

@@ -203,7 +203,7 @@ BAD = [
     ({"model": MODEL, "messages": [{"role": "user", "content": "hello world " * 40}]}, 400, "context_length_exceeded"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60}, 400, "context_length_exceeded"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "invalid_value"),
-    ({"model": MODEL, "prompt": "x" * 70_000}, 413, "request_too_large"),
+    ({"model": MODEL, "prompt": "x" * 70_000}, 413, "request_entity_too_large"),
 ]
 
 
@@ -257,3 +257,10 @@ def test_sigterm_finishes_the_request_in_flight_then_exits(servers):
     assert rest[-1] == b"data: [DONE]"
     assert json.loads(rest[-2][len(b"data: "):])["choices"][0]["finish_reason"] == "length"
     assert server.proc.wait(90) == 0
+
+
+def test_serve_refuses_bad_settings_in_one_line():
+    result = subprocess.run([sys.executable, "build.py", "serve", "/no/such/artifact", "--port", str(free_port())],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: GEMMA4_ARTIFACT='/no/such/artifact'") and result.stderr.count("\n") == 1

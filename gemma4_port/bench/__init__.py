@@ -1,0 +1,146 @@
+"""`build.py bench [DIR] [--model-scale tiny|small] [--json OUT]`: speed and memory side by side.
+
+One run measures, on this machine and in this order: our compiled graphs against transformers'
+`generate` (throughput), the host's work per decode step at the real vocabulary (host_overhead),
+the real server under 1..8 concurrent streams for a batch-1 and a batch-4 artifact (concurrency),
+and the memory of each way of loading the model (memory). Ratios come from numbers measured
+side by side; report.py turns them into PASS/MISS verdicts, tables, JSON and a plot."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+
+from runtime.artifact import load_meta
+from runtime.tokenizer import load_tokenizer
+
+from ..manifest import Manifest, Variant, load_manifest, parse_manifest
+from . import concurrency, host_overhead, memory, report, throughput
+from .errors import BenchError
+from .server import Server
+
+ROOT = Path(__file__).resolve().parents[2]
+SCALE_MANIFEST = {"tiny": ROOT / "manifests/tiny-e2b.yaml", "small": ROOT / "manifests/small-e2b.yaml"}
+MB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Settings:
+    scale: str
+    new_tokens: int  # per throughput run
+    repeats: int  # interleaved runs per prompt and side
+    host_steps: int  # decode steps timed per sampler
+    streams: tuple[int, ...]
+    requests_per_stream: int
+    max_tokens: int  # per server request
+    ready_timeout_s: float = 900.0
+
+
+SCALES = {
+    "tiny": Settings("tiny", new_tokens=32, repeats=5, host_steps=1000, streams=(1, 2, 4, 8), requests_per_stream=4,
+                     max_tokens=24),
+    "small": Settings("small", new_tokens=24, repeats=3, host_steps=1000, streams=(1, 2, 4, 8),
+                      requests_per_stream=2, max_tokens=16),
+}
+
+
+def _compile(manifest: Manifest, variant: Variant, work: Path, console: Console) -> Path:
+    from ..compile import compile_artifact
+
+    console.log(f"compiling {manifest.name}/{variant.name} (batch {variant.batch}) into {work}")
+    return compile_artifact(manifest, variant, work / f"{manifest.name}-{variant.name}")
+
+
+def _variant(manifest: Manifest, batch: int, like: Variant) -> Variant:
+    """The manifest's single-rank variant with `batch` slots, preferring `like`'s dtype."""
+    found = sorted((v for v in manifest.variants if v.batch == batch and v.tp == 1), key=lambda v: v.dtype != like.dtype)
+    if not found:
+        raise BenchError(f"manifest {manifest.name} has no tp=1 variant with batch {batch}; the concurrency "
+                         f"benchmark needs one (variants: {[v.name for v in manifest.variants]})")
+    return found[0]
+
+
+def artifacts(folder: Path | None, scale: str, work: Path, console: Console) -> tuple[Path, Path, Path]:
+    """(measured artifact, batch-1 artifact, batch-4 artifact), compiling what is not given."""
+    if folder is None:
+        manifest = load_manifest(SCALE_MANIFEST[scale])
+        folder = _compile(manifest, manifest.variants[0], work, console)
+    meta = load_meta(folder)
+    manifest = parse_manifest(meta.manifest, f"{folder}/artifact.json")
+    variant = manifest.variant(meta.variant)
+    b1 = folder if variant.batch == 1 and variant.tp == 1 else _compile(manifest, _variant(manifest, 1, variant), work, console)
+    b4 = folder if variant.batch == 4 and variant.tp == 1 else _compile(manifest, _variant(manifest, 4, variant), work, console)
+    return folder, b1, b4
+
+
+def _serve(label: str, folder: Path, settings: Settings, logs: Path, console: Console) -> tuple[dict, list[float]]:
+    meta = load_meta(folder)
+    console.log(f"server {label}: starting `build.py serve {folder}`")
+    with Server(folder, logs, settings.ready_timeout_s) as server:
+        out = {"artifact": str(folder), "batch": meta.geometry.batch, "load_s": server.load_s,
+               "rss_mb": server.rss() / MB, "peak_rss_mb": server.peak_rss() / MB,
+               "master_rss_mb": server.master_rss() / MB, "levels": []}
+        gaps: list[float] = []
+        for n in settings.streams:
+            row, g = concurrency.drive(server.url, server.model, n, settings.requests_per_stream, settings.max_tokens)
+            console.log(f"server {label}: {n} stream(s): {row['tok_s']:.1f} tok/s, {row['rejected_503']} rejected")
+            out["levels"].append(row)
+            gaps += g
+        out["rss_after_run_mb"] = server.rss() / MB
+        out["imports"] = server.imports()
+    return out, gaps
+
+
+def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, console: Console | None = None) -> dict:
+    console = console or Console()
+    meta = load_meta(folder)
+    if not Path(meta.checkpoint).is_dir():
+        raise BenchError(f"{folder} was compiled from {meta.checkpoint}, which is gone: transformers needs that "
+                         "checkpoint for the comparison (recompile the artifact)")
+    result: dict = {"meta": {
+        "scale": settings.scale, "settings": asdict(settings), "artifact": str(folder),
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
+        "torch": torch.__version__, "load_average_start": os.getloadavg(),
+    }}
+    console.log(f"throughput: {meta.name}/{meta.variant}, ours vs transformers, {settings.repeats} interleaved repeats")
+    result["throughput"], token_ms = throughput.measure(folder, settings.new_tokens, settings.repeats)
+    console.log(f"host overhead: {settings.host_steps} steps per sampler at the real vocabulary")
+    result["host_overhead"] = host_overhead.measure(load_tokenizer(folder / "tokenizer"), settings.host_steps)
+    servers, samples = {}, {"ours (in-process)": token_ms["ours"], "transformers generate": token_ms["transformers"]}
+    for label, path in (("b1", b1), ("b4", b4)):
+        servers[label], samples[f"server {label} (chunk gaps)"] = _serve(label, path, settings, work / "logs", console)
+    result["concurrency"] = {"max_tokens": settings.max_tokens, "requests_per_stream": settings.requests_per_stream,
+                             "servers": servers, "b4_over_b1_at_4_streams": report.batching_ratio({"servers": servers})}
+    console.log("memory: a slim-loader process and a transformers process")
+    b1_meta = load_meta(b1)
+    mem = memory.measure(b1, b1_meta)
+    mem |= {"server_artifact": str(b1), "server_rss_mb": servers["b1"]["rss_mb"],
+            "server_peak_rss_mb": servers["b1"]["peak_rss_mb"],
+            "server_model_module_imported": servers["b1"]["imports"]["transformers_model_module_imported"],
+            "budget_mb": mem["host_tables_mb"] + mem["graph_files_mb"] + report.MEMORY_SLACK_MB}
+    result["memory"] = mem
+    result["meta"]["load_average_end"] = os.getloadavg()
+    result["samples"] = {"token_ms": {k: [round(x, 3) for x in v] for k, v in samples.items()}}
+    return report.with_targets(result)
+
+
+def bench_main(args) -> int:
+    settings = SCALES[args.model_scale]
+    console = Console()
+    json_out = Path(args.json_out or f"artifacts/bench-{settings.scale}.json")
+    with tempfile.TemporaryDirectory(prefix="gemma4-bench-") as tmp:
+        work = Path(tmp)
+        folder, b1, b4 = artifacts(Path(args.dir) if args.dir else None, settings.scale, work, console)
+        result = run_bench(folder, b1, b4, settings, work, console)
+    png = report.write(result, json_out)
+    report.print_report(result, console)
+    console.print(f"wrote {json_out} and {png}")
+    return 0

@@ -18,14 +18,12 @@ from pathlib import Path
 import psutil
 import requests
 
+from .errors import BenchError
+
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_MODULE = "transformers.modeling_utils"
 IMPORT_LOG_PREFIX = "import time:"
 ARMED_BY = "runtime.loader"  # seen in the log: the import log covers the code that loads the model
-
-
-class ServerError(RuntimeError):
-    pass
 
 
 def free_port() -> int:
@@ -39,7 +37,7 @@ def vm_hwm(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
-    raise ServerError(f"/proc/{pid}/status has no VmHWM")
+    raise BenchError(f"/proc/{pid}/status has no VmHWM")
 
 
 def imported_modules(log: str) -> set[str]:
@@ -86,7 +84,7 @@ class Server:
         reason = "no answer yet"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise ServerError(f"the server exited with code {self.proc.returncode} before it was ready: "
+                raise BenchError(f"the server exited with code {self.proc.returncode} before it was ready: "
                                   f"{self.tail()}")
             try:
                 r = requests.get(self.url + "/ready", timeout=5)
@@ -96,18 +94,18 @@ class Server:
                     self.worker = self._find_worker()
                     return
                 if body.get("state") == "failed":
-                    raise ServerError(f"the server's self-test failed: {body.get('reason')}")
+                    raise BenchError(f"the server's self-test failed: {body.get('reason')}")
                 reason = f"{body.get('state')}: {body.get('reason')}"
             except (requests.ConnectionError, requests.Timeout, ValueError) as exc:
                 reason = type(exc).__name__
             time.sleep(0.2)
-        raise ServerError(f"the server was not ready after {self.ready_timeout_s:.0f} s ({reason})")
+        raise BenchError(f"the server was not ready after {self.ready_timeout_s:.0f} s ({reason})")
 
     def _find_worker(self) -> psutil.Process:
         """`build.py serve` execs gunicorn: our child is the master, its only child the worker."""
         children = psutil.Process(self.proc.pid).children()
         if len(children) != 1:
-            raise ServerError(f"expected one gunicorn worker under pid {self.proc.pid}, found {len(children)}")
+            raise BenchError(f"expected one gunicorn worker under pid {self.proc.pid}, found {len(children)}")
         return children[0]
 
     def rss(self) -> int:

@@ -1,0 +1,172 @@
+"""The benchmark's verdicts, tables, JSON and plot, all computed from one result dict (so the JSON
+alone reproduces every number printed). Targets are read here, never asserted in tests."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+MEMORY_SLACK_MB = 500  # the interpreter, torch, tokenizer, flask and gunicorn on top of tables + graphs
+# Decode speed against transformers' generate on the same CPU: per-step overhead dominates a tiny model.
+SPEEDUP_GOAL = {"tiny": 2.0, "small": 1.0}
+HOST_P50_GOAL_US = {"greedy": 200.0, "top_k_top_p": 1000.0, "top_p": 1000.0}
+BATCH_STREAMS, BATCH_GOAL = 4, 3.0
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    value: float | bool
+    goal: str
+    passed: bool
+
+
+def level(server: dict, streams: int) -> dict | None:
+    return next((row for row in server["levels"] if row["streams"] == streams), None)
+
+
+def batching_ratio(concurrency: dict) -> float | None:
+    b1, b4 = (level(concurrency["servers"][k], BATCH_STREAMS) for k in ("b1", "b4"))
+    if b1 is None or b4 is None or not b1["tok_s"]:
+        return None
+    return b4["tok_s"] / b1["tok_s"]
+
+
+def targets(result: dict) -> list[Target]:
+    out = []
+    tp = result["throughput"]
+    goal = SPEEDUP_GOAL[result["meta"]["scale"]]
+    out.append(Target(f"decode tok/s vs transformers ({result['meta']['scale']})", tp["decode_speedup"],
+                      f">= {goal:g}x", tp["decode_speedup"] >= goal))
+    for name, us in HOST_P50_GOAL_US.items():
+        p50 = result["host_overhead"]["samplers"][name]["step_us"]["p50"]
+        out.append(Target(f"host per step p50, {name} (us)", p50, f"< {us:g}", p50 < us))
+    ratio = batching_ratio(result["concurrency"])
+    if ratio is not None:
+        out.append(Target(f"batch 4 / batch 1 tok/s at {BATCH_STREAMS} streams", ratio, f">= {BATCH_GOAL:g}x",
+                          ratio >= BATCH_GOAL))
+    mem = result["memory"]
+    out.append(Target("slim server RSS (MB)", mem["server_rss_mb"], f"<= {mem['budget_mb']:.0f}",
+                      mem["server_rss_mb"] <= mem["budget_mb"]))
+    clean = all(s["imports"]["import_log_armed"] and not s["imports"]["transformers_model_module_imported"]
+                for s in result["concurrency"]["servers"].values())
+    out.append(Target("no transformers model in the server", clean, "never imported", clean))
+    return out
+
+
+def _f(x: float, digits: int = 1) -> str:
+    return f"{x:,.{digits}f}"
+
+
+def _verdict(ok: bool) -> str:
+    return "[green]PASS[/]" if ok else "[red]MISS[/]"
+
+
+def print_report(result: dict, console: Console | None = None) -> None:
+    console = console or Console()
+    meta, tp, host = result["meta"], result["throughput"], result["host_overhead"]
+
+    t = Table(title=f"Decode: compiled graphs vs transformers generate ({tp['name']}/{tp['variant']}, {tp['dtype']}, "
+                    f"{tp['new_tokens']} new tokens, {tp['torch_threads']} torch thread(s))")
+    for col in ("", "decode tok/s", "TTFT ms", "token p50 ms", "token p99 ms"):
+        t.add_column(col, justify="right")
+    for side in ("ours", "transformers"):
+        s = tp[side]
+        t.add_row(side, _f(s["decode_tok_s"]), _f(s["ttft_ms"]), _f(s["token_ms"]["p50"], 2), _f(s["token_ms"]["p99"], 2))
+    t.add_row("ratio", f"{tp['decode_speedup']:.2f}x", f"{tp['ttft_speedup']:.2f}x", "", "")
+    console.print(t)
+
+    g = host["geometry"]
+    t = Table(title=f"Host work per decode step (vocab {g['vocab']:,}, PLE {g['ple_width']:,}, {g['dtype']}, "
+                    f"kv_max {g['kv_max']}), us p50 (step p99), share of a {host['device_step_ms']:g} ms device step")
+    for col in ("sampler", "embed+PLE", "inputs", "logits row", "sample", "detok", "step p50", "step p99", "share"):
+        t.add_column(col, justify="right")
+    for name, s in host["samplers"].items():
+        p = s["parts_us"]
+        t.add_row(name, *(_f(p[k]["p50"]) for k in ("embed", "inputs", "logits_row", "sample", "detok")),
+                  _f(s["step_us"]["p50"]), _f(s["step_us"]["p99"]), f"{100 * s['share_of_device_step_p50']:.2f}%")
+    console.print(t)
+
+    conc = result["concurrency"]
+    t = Table(title=f"Server ({conc['max_tokens']} tokens per streamed request, {conc['requests_per_stream']} "
+                    "request(s) per stream)")
+    for col in ("artifact", "streams", "tok/s", "TTFT p50 ms", "TTFT p99 ms", "chunk p50 ms", "chunk p99 ms",
+                "done", "503", "errors"):
+        t.add_column(col, justify="right")
+    for label, server in conc["servers"].items():
+        for row in server["levels"]:
+            t.add_row(f"{label} (batch {server['batch']})", str(row["streams"]), _f(row["tok_s"]),
+                      _f(row["ttft_ms"]["p50"]), _f(row["ttft_ms"]["p99"]), _f(row["chunk_gap_ms"]["p50"], 2),
+                      _f(row["chunk_gap_ms"]["p99"], 2), str(row["completed"]), str(row["rejected_503"]),
+                      str(row["errors"]))
+    console.print(t)
+
+    mem = result["memory"]
+    t = Table(title=f"Memory, MB (host tables {_f(mem['host_tables_mb'])}, graph files {_f(mem['graph_files_mb'])}, "
+                    f"checkpoint {_f(mem['checkpoint_mb'])})")
+    for col in ("process", "RSS after load", "peak RSS", "transformers model module"):
+        t.add_column(col, justify="right")
+    t.add_row("slim server worker (gunicorn)", _f(mem["server_rss_mb"]), _f(mem["server_peak_rss_mb"]),
+              "imported" if mem["server_model_module_imported"] else "never imported")
+    for name, key in (("slim loader (runtime.loader)", "slim_loader"), ("transformers from_pretrained", "transformers_loader")):
+        p = mem[key]
+        t.add_row(name, _f(p["rss_mb"]), _f(p["peak_rss_mb"]), "imported" if p["model_module_imported"] else "never imported")
+    console.print(t)
+
+    t = Table(title=f"Targets ({meta['scale']}; load average {meta['load_average_start'][0]:.1f} -> "
+                    f"{meta['load_average_end'][0]:.1f} on {meta['cpus']} CPUs)")
+    for col in ("target", "measured", "goal", ""):
+        t.add_column(col)
+    for tg in result["targets"]:
+        value = tg["value"] if isinstance(tg["value"], bool) else _f(tg["value"], 2)
+        t.add_row(tg["name"], str(value), tg["goal"], _verdict(tg["passed"]))
+    console.print(t)
+
+
+def write_plot(result: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for label, server in result["concurrency"]["servers"].items():
+        rows = server["levels"]
+        left.plot([r["streams"] for r in rows], [r["tok_s"] for r in rows], marker="o",
+                  label=f"{label} (batch {server['batch']})")
+    left.set_xscale("log", base=2)
+    left.set_xticks([r["streams"] for r in rows], [str(r["streams"]) for r in rows])
+    left.set(xlabel="concurrent streams", ylabel="aggregate tok/s", title="Server throughput")
+    left.legend()
+    samples = {k: v for k, v in result["samples"]["token_ms"].items() if v}
+    every = [x for v in samples.values() for x in v if x > 0]
+    if every:
+        bins = np.geomspace(min(every), max(every) * 1.01, 40)
+        for name, values in samples.items():
+            right.hist(values, bins=bins, histtype="step", linewidth=1.5, label=name)
+        right.set_xscale("log")
+    right.set(xlabel="per-token latency (ms)", ylabel="tokens", title="Per-token latency")
+    right.legend()
+    fig.suptitle(f"gemma4-inf2 bench, {result['meta']['scale']} ({result['throughput']['name']})")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write(result: dict, json_path: Path) -> Path:
+    """JSON at `json_path`, the PNG beside it; returns the PNG path."""
+    json_path.parent.mkdir(parents=True, exist_ok=True)
+    png = json_path.with_suffix(".png")
+    result["plot"] = png.name
+    json_path.write_text(json.dumps(result, indent=1) + "\n")
+    write_plot(result, png)
+    return png
+
+
+def with_targets(result: dict) -> dict:
+    return result | {"targets": [asdict(t) for t in targets(result)]}

@@ -1,0 +1,102 @@
+"""`build.py bench` end to end on the tiny artifacts with tiny step counts: the JSON has every section,
+its ratios and verdicts follow from its own measured numbers, and the plot is written. No timing is
+asserted: the speed targets are read from the benchmark's output, not from unit tests."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from rich.console import Console
+
+from gemma4_port.bench import Settings, run_bench
+from gemma4_port.bench.report import (
+    BATCH_STREAMS, HOST_P50_GOAL_US, MEMORY_SLACK_MB, SPEEDUP_GOAL, print_report, write,
+)
+from gemma4_port.bench.server import imported_modules
+
+QUICK = Settings("tiny", new_tokens=4, repeats=1, host_steps=20, streams=(1, BATCH_STREAMS), requests_per_stream=1,
+                 max_tokens=4, ready_timeout_s=300)
+
+
+@pytest.fixture(scope="module")
+def bench(compiled, tmp_path_factory):
+    b1, b4 = compiled("tiny-e2b", "fp32"), compiled("tiny-e2b", "b4")
+    work = tmp_path_factory.mktemp("bench")
+    result = run_bench(b1, b1, b4, QUICK, work, Console(quiet=True))
+    png = write(result, work / "out" / "bench.json")
+    return result, work / "out" / "bench.json", png
+
+
+def test_json_has_every_section_and_round_trips(bench):
+    result, json_path, _ = bench
+    saved = json.loads(json_path.read_text())
+    assert set(saved) >= {"meta", "throughput", "host_overhead", "concurrency", "memory", "targets", "samples", "plot"}
+    assert saved["throughput"]["new_tokens"] == QUICK.new_tokens
+    assert set(saved["host_overhead"]["samplers"]) == set(HOST_P50_GOAL_US)
+    assert saved["host_overhead"]["geometry"]["vocab"] == 262_144
+    assert saved["host_overhead"]["geometry"]["ple_width"] == 35 * 256
+    for label, batch in (("b1", 1), ("b4", 4)):
+        server = saved["concurrency"]["servers"][label]
+        assert server["batch"] == batch
+        assert [row["streams"] for row in server["levels"]] == list(QUICK.streams)
+
+
+def test_ratios_are_computed_from_the_measured_numbers(bench):
+    result, _, _ = bench
+    tp = result["throughput"]
+    for side in ("ours", "transformers"):
+        assert tp[side]["decode_tok_s"] > 0 and tp[side]["ttft_ms"] > 0
+    assert math.isclose(tp["decode_speedup"], tp["ours"]["decode_tok_s"] / tp["transformers"]["decode_tok_s"])
+    assert math.isclose(tp["ttft_speedup"], tp["transformers"]["ttft_ms"] / tp["ours"]["ttft_ms"])
+    at4 = {k: next(r for r in s["levels"] if r["streams"] == BATCH_STREAMS)
+           for k, s in result["concurrency"]["servers"].items()}
+    assert math.isclose(result["concurrency"]["b4_over_b1_at_4_streams"], at4["b4"]["tok_s"] / at4["b1"]["tok_s"])
+    for row in at4.values():
+        assert math.isclose(row["tok_s"], row["tokens"] / row["wall_s"])
+    for s in result["host_overhead"]["samplers"].values():
+        assert math.isclose(s["share_of_device_step_p50"], s["step_us"]["p50"] / 22_000)
+    mem = result["memory"]
+    assert math.isclose(mem["budget_mb"], mem["host_tables_mb"] + mem["graph_files_mb"] + MEMORY_SLACK_MB)
+
+
+def test_verdicts_follow_the_numbers(bench):
+    result, _, _ = bench
+    by_name = {t["name"]: t for t in result["targets"]}
+    speed = by_name["decode tok/s vs transformers (tiny)"]
+    assert speed["passed"] == (result["throughput"]["decode_speedup"] >= SPEEDUP_GOAL["tiny"])
+    greedy = by_name["host per step p50, greedy (us)"]
+    assert greedy["value"] == result["host_overhead"]["samplers"]["greedy"]["step_us"]["p50"]
+    assert greedy["passed"] == (greedy["value"] < HOST_P50_GOAL_US["greedy"])
+    rss = by_name["slim server RSS (MB)"]
+    assert rss["passed"] == (result["memory"]["server_rss_mb"] <= result["memory"]["budget_mb"])
+
+
+def test_the_server_served_and_never_built_a_transformers_model(bench):
+    result, _, _ = bench
+    for server in result["concurrency"]["servers"].values():
+        assert server["imports"]["import_log_armed"]  # the check saw the server load its model
+        assert not server["imports"]["transformers_model_module_imported"]
+        assert server["rss_mb"] > 50 and server["peak_rss_mb"] >= server["rss_mb"] * 0.9
+        for row in server["levels"]:
+            assert row["errors"] == 0, row["first_error"]
+            assert row["completed"] + row["rejected_503"] == row["requests"]
+    assert result["memory"]["transformers_loader"]["model_module_imported"]  # the probe can see a model
+    assert not result["memory"]["slim_loader"]["model_module_imported"]
+
+
+def test_plot_and_table(bench, capsys):
+    result, _, png = bench
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    console = Console(width=200, record=True)
+    print_report(result, console)
+    text = console.export_text()
+    assert "Targets" in text and ("PASS" in text or "MISS" in text)
+
+
+def test_import_log_parser():
+    log = ("import time: self [us] | cumulative | imported package\n"
+           "import time:       120 |        340 |   transformers.modeling_utils\n"
+           "[INFO] Booting worker with pid: 7\n")
+    assert imported_modules(log) == {"imported package", "transformers.modeling_utils"}

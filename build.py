@@ -88,9 +88,11 @@ def parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("images", help="build (and push) the base / slim / tp2-slim images")
     i.add_argument("manifest")
-    i.add_argument("--tags", help="comma-separated flavours or tags to build (default: the manifest's)")
+    i.add_argument("--tags", help="comma-separated images (base, slim, tp2-slim) or their tags to build, with the "
+                                  "base they need (default: all the manifest tags)")
     i.add_argument("--registry", help="HOST:PORT to tag and push to")
-    i.add_argument("--push", action="store_true")
+    i.add_argument("--push", action="store_true", help="push each image after it is built (a cpu slim image only "
+                                                       "after its self-test passed in a container)")
     i.add_argument("--base-image", help="the OS image the base starts FROM")
     i.add_argument("--flavour", choices=["neuron", "cpu"], default=None,
                    help="neuron images (inf2) or the CPU development flavour "

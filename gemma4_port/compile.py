@@ -106,6 +106,35 @@ def golden_prompts(tokenizer, max_len: int) -> list[tuple[str, list[int]]]:
     return out
 
 
+def calibrate_golden(folder: Path, reference_logits: dict[str, list[torch.Tensor]]) -> tuple[Golden, ...]:
+    """Run the saved artifact as the server will and keep, per golden prompt, the steps it reproduces.
+
+    A divergence that verify's near-tie rule explains (a top-2 margin within the device's measured
+    error) ends the checked steps there; any other divergence means the artifact is wrong."""
+    from runtime.loader import load_artifact
+
+    from .verify import Case, compare
+
+    model = load_artifact(folder)
+    try:
+        out = []
+        geo = model.meta.geometry
+        for g in model.meta.golden:
+            tokens, logits = model.runner.greedy(list(g.ids), len(g.tokens))
+            row = compare(Case(g.name, list(g.ids), len(g.tokens)), tokens, logits, list(g.tokens),
+                          reference_logits[g.name], geo.softcap, geo.dtype)
+            if row.verdict == "MISMATCH":
+                raise CompileError(f"the compiled graphs disagree with the float reference on golden prompt "
+                                   f"{g.name!r}: {row.note}; run `build.py verify {folder}` for the full table")
+            if row.first_divergence != 0:
+                out.append(g.model_copy(update={"checked": row.first_divergence or len(g.tokens)}))
+    finally:
+        model.close()
+    if not out:
+        raise CompileError("every golden prompt starts with a near-tie on this artifact: nothing to self-test")
+    return tuple(out)
+
+
 def eos_token_ids(ckpt: Path, tokenizer) -> tuple[int, ...]:
     """End-of-turn ids from the checkpoint's generation config (chat models stop on more than <eos>)."""
     ids = {tokenizer.eos_token_id}
@@ -197,17 +226,21 @@ def _finish(manifest, variant, out, ckpt, geo, graphs, tables, backend, progress
     with _step(progress, "golden tokens from the float reference (transformers, CPU)"):
         tok = load_tokenizer(out / "tokenizer")
         ref = load_reference(ckpt)
-        golden = tuple(Golden(name=n, ids=ids, tokens=reference_greedy(ref, ids, GOLDEN_STEPS)[0])
-                       for n, ids in golden_prompts(tok, geo.buckets[-1]))
+        golden, ref_logits = [], {}
+        for name, ids in golden_prompts(tok, geo.buckets[-1]):
+            tokens, ref_logits[name] = reference_greedy(ref, ids, GOLDEN_STEPS)
+            golden.append(Golden(name=name, ids=ids, tokens=tokens, checked=len(tokens)))
     with _step(progress, "sha256 of every file"):
         files = {str(p.relative_to(out)): sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
-    eos = eos_token_ids(ckpt, tok)
     meta = ArtifactMeta(
         format=ARTIFACT_FORMAT, name=manifest.name, variant=variant.name, backend=backend,
         manifest=manifest.model_dump(mode="json"), versions=versions() | (extra_versions or {}),
-        geometry=geo, graphs=graphs, files=files, golden=golden,
-        eos_token_ids=eos, checkpoint=str(ckpt),
+        geometry=geo, graphs=graphs, files=files, golden=tuple(golden),
+        eos_token_ids=eos_token_ids(ckpt, tok), checkpoint=str(ckpt),
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
     write_meta(out, meta)
+    if backend == "cpu" or Path("/dev/neuron0").exists():
+        with _step(progress, "golden steps the artifact reproduces, loaded as the server loads it"):
+            write_meta(out, meta.model_copy(update={"golden": calibrate_golden(out, ref_logits)}))
     return out

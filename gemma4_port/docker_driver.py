@@ -153,6 +153,15 @@ class Driver:
             size = self.client.images.get(image_id).attrs["Size"]
         return Built(spec.ref, image_id, size, time.monotonic() - start)
 
+    def existing(self, ref: str) -> Built | None:
+        """An image built elsewhere (buildx), if the engine has it."""
+        with _step(f"inspect {ref}"):
+            try:
+                image = self.client.images.get(ref)
+            except ImageNotFound:
+                return None
+        return Built(ref, image.id, image.attrs["Size"], 0.0)
+
     # --------------------------------------------------------------------------------------- smoke
 
     def smoke(self, ref: str, timeout: float = 300) -> float:

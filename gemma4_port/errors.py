@@ -4,6 +4,7 @@ from runtime.artifact import ArtifactError
 from runtime.runner import PromptTooLong
 from runtime.settings import SettingsError
 from runtime.tokenizer import TokenizerError
+from runtime.tp_backend import TensorParallelError
 from runtime.versions import NeuronUnavailable
 
 from .checkpoint import CheckpointError
@@ -16,5 +17,5 @@ from .sharding import ShardingError
 
 USER_ERRORS = (
     ArtifactError, CheckpointError, CompileError, LintError, ManifestError, PromptTooLong, ShardingError,
-    TokenizerError, WeightError, SettingsError, ImageError, NeuronUnavailable,
+    TokenizerError, WeightError, TensorParallelError, SettingsError, ImageError, NeuronUnavailable,
 )

@@ -207,6 +207,19 @@ def _size(n: int | None) -> str:
         n /= 1000
 
 
+def _buildkit_base(driver, spec: ImageSpec, context: Path, log: Console):
+    """The neuron base with a weights secret is built by buildx (the classic builder cannot mount
+    secrets); the slim images then build FROM it here."""
+    built = driver.existing(spec.ref)
+    if built is None:
+        raise ImageError(
+            f"build base: the neuron base downloads the weights with a BuildKit secret, which the docker SDK's "
+            f"classic builder cannot pass; run `docker buildx build --load --secret id=hf_token,env=HF_TOKEN "
+            f"-t {spec.ref} {context}` (context staged there) and rerun, or use --weights copy")
+    log.print(f"using {spec.ref} built with buildx ({built.image_id[:19]}); rebuild it there after a change")
+    return built
+
+
 def images_main(args) -> int:
     out = Console(width=None if sys.stdout.isatty() else 160)
     log = Console(stderr=True, soft_wrap=True)  # build logs as they come, never re-wrapped
@@ -225,11 +238,7 @@ def images_main(args) -> int:
 
     driver = Driver(log)  # first: a daemon that is not there fails before any slow step
     base = next(s for s in specs if s.kind == "base")
-    if options.flavour == "neuron" and options.weights == "secret" and manifest.model.source:
-        raise ImageError(
-            "build base: the neuron base downloads the weights with a BuildKit secret, which the docker SDK's "
-            "classic builder cannot pass; print the Dockerfile with --dry-run and build it with "
-            "`docker buildx build --secret id=hf_token,env=HF_TOKEN`, or use --weights copy")
+    buildkit_base = options.flavour == "neuron" and options.weights == "secret" and manifest.model.source
     cache = image_cache()
     sources: dict[str, Path] = {}
     if options.flavour == "cpu":
@@ -250,7 +259,10 @@ def images_main(args) -> int:
             spec = pin_base(spec, digest) if digest else spec
         context = stage_context(spec, render_dockerfile(spec), Path("build/images") / manifest.name / spec.kind,
                                 sources)
-        built = driver.build(spec, context, network="none" if options.flavour == "cpu" else None)
+        if spec.kind == "base" and buildkit_base:
+            built = _buildkit_base(driver, spec, context, log)
+        else:
+            built = driver.build(spec, context, network="none" if options.flavour == "cpu" else None)
         log.print(f"[green]built[/] {spec.ref} ({_size(built.size)}, {built.seconds:.0f} s)")
         ready = driver.smoke(spec.ref) if spec.kind in SLIM_TP and options.flavour == "cpu" else None
         if ready is not None:
@@ -263,9 +275,11 @@ def images_main(args) -> int:
     table = Table(title=f"{manifest.name} images ({options.flavour})")
     for col in ("image", "tag", "digest", "size", "build", "layers pushed", "bytes pushed"):
         table.add_column(col, justify="right" if col in ("size", "build", "bytes pushed") else "left")
+    base_size = rows[0][1].size  # the base is always built first
     for spec, built, pushed in rows:
+        own = "" if spec.kind == "base" else f" (+{_size(built.size - base_size)})"
         table.add_row(
-            spec.kind, spec.ref, pushed.digest[:19] if pushed else built.image_id[:19], _size(built.size),
+            spec.kind, spec.ref, pushed.digest[:19] if pushed else built.image_id[:19], _size(built.size) + own,
             f"{built.seconds:.0f} s",
             f"{pushed.uploaded} new, {pushed.reused} reused" if pushed else "not pushed",
             _size(pushed.bytes_pushed) if pushed else "-",

@@ -53,6 +53,7 @@ class Golden(_Frozen):
     name: str
     ids: tuple[int, ...]
     tokens: tuple[int, ...]  # the float reference's greedy continuation
+    checked: int  # leading steps whose reference margin the artifact's dtype cannot flip: the self-test's
 
 
 class ArtifactMeta(_Frozen):

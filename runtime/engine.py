@@ -142,11 +142,13 @@ def self_test(model: LoadedModel) -> None:
         raise SelfTestFailed("artifact.json has no golden prompts: nothing proves the output correct")
     for i, golden in enumerate(meta.golden):
         slot = i % meta.geometry.batch
-        tokens, _ = model.runner.greedy(list(golden.ids), len(golden.tokens), slot)
-        if tokens != list(golden.tokens):
-            step = next(j for j, (a, b) in enumerate(zip(tokens, golden.tokens)) if a != b)
+        # Only the steps compile proved this artifact reproduces: past a bf16 near-tie is luck.
+        want = list(golden.tokens[:golden.checked])
+        tokens, _ = model.runner.greedy(list(golden.ids), len(want), slot)
+        if tokens != want:
+            step = next(j for j, (a, b) in enumerate(zip(tokens, want)) if a != b)
             raise SelfTestFailed(f"golden prompt {golden.name!r} (slot {slot}) gave {tokens}, artifact.json expects "
-                                 f"{list(golden.tokens)} (first difference at step {step})")
+                                 f"{want} (first difference at step {step})")
 
 
 class Engine:

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
+from typing import NoReturn
 
 from .artifact import ArtifactError, load_meta
 from .settings import ENV, Settings, SettingsError, check_backend
@@ -18,23 +19,22 @@ def gunicorn_argv() -> list[str]:
     return [sys.executable, "-m", "gunicorn", "-c", str(CONFIG), "runtime.wsgi:app"]
 
 
-def run(environ: Mapping[str, str]) -> int:
+def run(environ: Mapping[str, str]) -> NoReturn:
     """Validate once here, so a bad variable or artifact is one line and exit 2, not a worker crash."""
     settings = Settings.from_env(environ)
     check_backend(settings, load_meta(settings.artifact).backend)
     os.execve(sys.executable, gunicorn_argv(), dict(environ) | settings.to_env())
-    return 0  # not reached
 
 
 def serve(folder: Path, host: str, port: int, backend: str) -> int:
     overrides = {ENV["artifact"]: str(Path(folder).resolve()), ENV["host"]: host, ENV["port"]: str(port),
                  ENV["backend"]: backend}
-    return run(os.environ | overrides)
+    run(os.environ | overrides)
 
 
 def main() -> int:
     try:
-        return run(os.environ)
+        run(os.environ)
     except (ArtifactError, SettingsError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

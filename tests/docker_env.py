@@ -4,18 +4,23 @@ Debian's `docker.io`, `docker-registry` and `debootstrap` are installed with apt
 runs with its data, exec root, pidfile and socket in a temp dir and with every flag that would touch
 the host's network turned off (no bridge, no iptables, no forwarding, no NAT), so containers run with
 network "none" or "host" on loopback. The registry listens on 127.0.0.1 only. Both are stopped by pid.
+The engine's image store is kept in the image cache (GEMMA4_INF2_IMAGE_CACHE, like the wheelhouse
+and the Debian rootfs), so a rerun's builds hit the layer cache; delete it to build from nothing.
 
 Test modules import the fixtures: `from docker_env import docker_engine, registry`.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,6 +59,7 @@ def _stop(proc: subprocess.Popen, timeout: float = 30) -> None:
 @dataclass
 class Engine:
     root: Path
+    data: Path
     proc: subprocess.Popen
 
     @property
@@ -61,15 +67,16 @@ class Engine:
         return f"unix://{self.root}/docker.sock"
 
     @classmethod
-    def start(cls, root: Path) -> Engine:
+    def start(cls, root: Path, data: Path | None = None) -> Engine:
+        data = data or root / "data"
         log = open(root / "dockerd.log", "wb")
         proc = subprocess.Popen(
-            ["dockerd", "--data-root", f"{root}/data", "--exec-root", f"{root}/exec", "--pidfile", f"{root}/pid",
+            ["dockerd", "--data-root", str(data), "--exec-root", f"{root}/exec", "--pidfile", f"{root}/pid",
              "-H", f"unix://{root}/docker.sock", "--storage-driver=overlay2", "--iptables=false",
              "--ip-forward=false", "--ip-masq=false", "--bridge=none"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        engine = cls(root, proc)
+        engine = cls(root, data, proc)
         import docker
 
         deadline = time.monotonic() + 60
@@ -85,7 +92,8 @@ class Engine:
 
     def stop(self) -> None:
         _stop(self.proc)
-        shutil.rmtree(self.root / "data", ignore_errors=True)  # images are GBs; the log stays
+        if self.data.is_relative_to(self.root):  # a throwaway store: its images are GBs; the log stays
+            shutil.rmtree(self.data, ignore_errors=True)
 
 
 @dataclass
@@ -135,15 +143,27 @@ class Registry:
         _stop(self.proc)
 
 
+def _data_root(stack: ExitStack) -> Path | None:
+    """The engine's image store, kept between sessions in the image cache so a rerun reuses the built
+    layers (the classic builder's cache); None (a throwaway store) while another session holds it."""
+    cache = Path(os.environ.get("GEMMA4_INF2_IMAGE_CACHE", Path.home() / ".cache" / "gemma4-inf2" / "images"))
+    (cache / "engine").mkdir(parents=True, exist_ok=True)
+    lock = stack.enter_context(open(cache / "engine" / "lock", "w"))
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # two dockerds must never share a data root
+    except BlockingIOError:
+        return None
+    return cache / "engine" / "data"
+
+
 @pytest.fixture(scope="session")
-def docker_engine(tmp_path_factory):
+def docker_engine():
     """A private dockerd; DOCKER_HOST points at it for the session (SDK and subprocesses alike)."""
     ensure_installed()
     # The socket path must stay short (108 bytes), so not under pytest's deep tmp tree.
-    import tempfile
-
+    stack = ExitStack()
     root = Path(tempfile.mkdtemp(prefix="g4d-"))
-    engine = Engine.start(root)
+    engine = Engine.start(root, _data_root(stack))
     old = os.environ.get("DOCKER_HOST")
     os.environ["DOCKER_HOST"] = engine.host
     try:
@@ -154,6 +174,7 @@ def docker_engine(tmp_path_factory):
         else:
             os.environ["DOCKER_HOST"] = old
         engine.stop()
+        stack.close()
 
 
 @pytest.fixture(scope="session")

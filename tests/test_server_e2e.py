@@ -55,8 +55,8 @@ class Server:
             try:
                 if requests.get(f"{self.url}/ready", timeout=5).status_code == 200:
                     return
-            except requests.ConnectionError:
-                pass
+            except requests.RequestException:
+                pass  # not listening yet, or the worker is still importing
             time.sleep(0.2)
         raise AssertionError(f"not ready after {timeout} s:\n{self.log.read_text()[-3000:]}")
 

@@ -54,7 +54,8 @@ def test_tp2_compiles_and_verifies_token_for_token(compiled, name, variant):
     result = verify(folder)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
-    assert len(rows) >= 8 and all("│ True " in row for row in rows), result.stdout
+    ok = ("│ True ",) if meta.geometry.dtype == "float32" else ("│ True ", "│ near-tie ")
+    assert len(rows) >= 8 and all(any(v in row for v in ok) for row in rows), result.stdout
     assert "random:to-kv_max" in result.stdout and "0 failed" in result.stdout
     assert result.stdout.count("slots:") == (meta.geometry.batch if meta.geometry.batch > 1 else 0)
 

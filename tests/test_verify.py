@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from gemma4_port.compile import compile_artifact
+from gemma4_port.compile import CompileError, compile_artifact
 from gemma4_port.manifest import load_manifest, parse_manifest
 from gemma4_port.model import Gemma4Decoder
 from gemma4_port.verify import Case, compare
-from runtime.artifact import sha256
+from runtime.artifact import load_meta, sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -79,7 +79,11 @@ def test_layer_scalar_left_at_one_fails_verify(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Gemma4Decoder, "load_weights", params_only)
     manifest = load_manifest(ROOT / "manifests/tiny-e2b.yaml")
-    out = compile_artifact(manifest, manifest.variant("fp32"), tmp_path / "a")
+    with pytest.raises(CompileError, match="disagree with the float reference"):
+        compile_artifact(manifest, manifest.variant("fp32"), tmp_path / "a")  # compile's own check catches it
+    # An artifact made without that check (elsewhere, or by an older build) is caught by verify.
+    monkeypatch.setattr("gemma4_port.compile.calibrate_golden", lambda folder, logits: load_meta(folder).golden)
+    out = compile_artifact(manifest, manifest.variant("fp32"), tmp_path / "b")
     result = verify(out, "--quick")
     assert result.returncode == 1, result.stdout + result.stderr
     passed, failed = (int(part.split()[0]) for part in result.stdout.strip().splitlines()[-1].split(","))

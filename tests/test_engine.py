@@ -14,7 +14,7 @@ from runtime.engine import (
 from runtime.sampling import SamplingParams
 from runtime.settings import Settings
 
-from artifact_copies import with_wrong_golden
+from artifact_copies import with_eos, with_wrong_golden
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = ("The capital of France is", "hello world", "Inferentia2 has two NeuronCores", "def fibonacci(n):")
@@ -59,8 +59,8 @@ def test_greedy_output_is_the_golden_reference_continuation(b4):
     tok = b4.tokenizer
     eos = set(b4.model.meta.eos_token_ids)
     for golden in b4.model.meta.golden:
-        text, done = run(b4, list(golden.ids), max_tokens=len(golden.tokens))
-        expected = list(golden.tokens)
+        expected = list(golden.tokens[: golden.checked])  # the steps compile proved this dtype reproduces
+        text, done = run(b4, list(golden.ids), max_tokens=len(expected))
         cut = next((i for i, t in enumerate(expected) if t in eos), None)
         assert text == tok.decode(expected[:cut], skip_special_tokens=True)
         assert done.reason == ("length" if cut is None else "stop")
@@ -159,6 +159,21 @@ def test_wrong_golden_token_fails_the_self_test_for_good(compiled, tmp_path):
         assert f"golden prompt {name!r}" in engine.reason and "expects" in engine.reason
         with pytest.raises(NotReady, match="failed"):
             submit(engine, [2, 3, 4])
+    finally:
+        engine.close()
+
+
+def test_an_eos_token_ends_the_request_with_stop(compiled, tmp_path):
+    src = compiled("tiny-e2b", "fp32")
+    golden = load_meta(src).golden[0]
+    tokens = list(golden.tokens[: golden.checked])
+    step = next(i for i in range(1, len(tokens)) if tokens[i] not in tokens[:i])  # a token not seen before it
+    engine = Engine(Settings(artifact=with_eos(src, tmp_path / "eos", tokens[step]))).start()
+    try:
+        assert engine.wait(300) is State.READY, engine.reason
+        text, done = run(engine, list(golden.ids), max_tokens=len(tokens))
+        assert (done.reason, done.completion_tokens) == ("stop", step + 1)
+        assert text == engine.tokenizer.decode(tokens[:step], skip_special_tokens=True)
     finally:
         engine.close()
 

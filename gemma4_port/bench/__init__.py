@@ -36,6 +36,7 @@ class Settings:
     scale: str
     new_tokens: int  # per throughput run
     repeats: int  # interleaved runs per prompt and side
+    warmup_calls: int  # untimed runs per prompt first: TorchScript optimises a graph on its second call
     host_steps: int  # decode steps timed per sampler
     streams: tuple[int, ...]
     requests_per_stream: int
@@ -44,9 +45,9 @@ class Settings:
 
 
 SCALES = {
-    "tiny": Settings("tiny", new_tokens=32, repeats=5, host_steps=1000, streams=(1, 2, 4, 8), requests_per_stream=4,
-                     max_tokens=24),
-    "small": Settings("small", new_tokens=24, repeats=3, host_steps=1000, streams=(1, 2, 4, 8),
+    "tiny": Settings("tiny", new_tokens=32, repeats=5, warmup_calls=3, host_steps=1000, streams=(1, 2, 4, 8),
+                     requests_per_stream=4, max_tokens=24),
+    "small": Settings("small", new_tokens=24, repeats=3, warmup_calls=3, host_steps=1000, streams=(1, 2, 4, 8),
                       requests_per_stream=2, max_tokens=16),
 }
 
@@ -111,7 +112,8 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
         "torch": torch.__version__, "load_average_start": os.getloadavg(),
     }}
     console.log(f"throughput: {meta.name}/{meta.variant}, ours vs transformers, {settings.repeats} interleaved repeats")
-    result["throughput"], token_ms = throughput.measure(folder, settings.new_tokens, settings.repeats)
+    result["throughput"], token_ms = throughput.measure(folder, settings.new_tokens, settings.repeats,
+                                                                settings.warmup_calls)
     console.log(f"host overhead: {settings.host_steps} steps per sampler at the real vocabulary")
     result["host_overhead"] = host_overhead.measure(load_tokenizer(folder / "tokenizer"), settings.host_steps)
     servers, samples = {}, {"ours (in-process)": token_ms["ours"], "transformers generate": token_ms["transformers"]}

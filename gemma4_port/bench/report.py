@@ -112,9 +112,9 @@ def print_report(result: dict, console: Console | None = None) -> None:
         t.add_column(col, justify="right")
     t.add_row("slim server worker (gunicorn)", _f(mem["server_rss_mb"]), _f(mem["server_peak_rss_mb"]),
               "imported" if mem["server_model_module_imported"] else "never imported")
-    for name, key in (("slim loader (runtime.loader)", "slim_loader"), ("transformers from_pretrained", "transformers_loader")):
-        p = mem[key]
-        t.add_row(name, _f(p["rss_mb"]), _f(p["peak_rss_mb"]), "imported" if p["model_module_imported"] else "never imported")
+    p = mem["transformers_loader"]
+    t.add_row("transformers from_pretrained + forward", _f(p["rss_mb"]), _f(p["peak_rss_mb"]),
+              "imported" if p["model_module_imported"] else "never imported")
     console.print(t)
 
     t = Table(title=f"Targets ({meta['scale']}; load average {meta['load_average_start'][0]:.1f} -> "

@@ -23,9 +23,6 @@ PROMPTS = (
     "def fibonacci(n): return n if n < 2 else",
     "A small team wants its own endpoint for agents and tools,",
 )
-# TorchScript profiles a graph on its first call and optimises it on the second (together ~1 s even
-# for the tiny model): every graph is run this many times before anything is timed.
-WARMUP_CALLS = 3
 
 
 @dataclass
@@ -90,8 +87,10 @@ def _side(runs: list[Run]) -> dict:
     }
 
 
-def measure(folder: Path, new_tokens: int, repeats: int) -> tuple[dict, dict[str, list[float]]]:
-    """-> (JSON section, per-token latencies in ms per side for the histogram)."""
+def measure(folder: Path, new_tokens: int, repeats: int, warmup_calls: int) -> tuple[dict, dict[str, list[float]]]:
+    """-> (JSON section, per-token latencies in ms per side for the histogram). TorchScript profiles a
+    graph on its first call and optimises it on the second (~1 s together, even for the tiny model),
+    so each prompt first runs `warmup_calls` times untimed on both sides."""
     loaded = load_artifact(folder)
     geo, runner = loaded.meta.geometry, loaded.runner
     model = load_reference(Path(loaded.meta.checkpoint)).to(DTYPES[geo.dtype])
@@ -99,9 +98,9 @@ def measure(folder: Path, new_tokens: int, repeats: int) -> tuple[dict, dict[str
     prompts = [loaded.tokenizer(p).input_ids[: runner.max_prompt] for p in PROMPTS]
     n = min(new_tokens, geo.kv_max - max(map(len, prompts)))
     sides = {"ours": lambda ids, k: ours(runner, ids, k), "transformers": lambda ids, k: transformers_generate(model, ids, k)}
-    for ids in prompts * WARMUP_CALLS:  # every prefill bucket the prompts use, and the decode graph
+    for ids in prompts * warmup_calls:  # every prefill bucket the prompts use, and the decode graph
         for run in sides.values():
-            run(ids, WARMUP_CALLS + 1)
+            run(ids, warmup_calls + 1)
     runs: dict[str, list[Run]] = {name: [] for name in sides}
     for r in range(repeats):
         for i, ids in enumerate(prompts):

@@ -108,7 +108,7 @@ class RankGroup:
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send((method, args))
-            except (BrokenPipeError, ConnectionResetError):
+            except OSError:  # a broken pipe: the process is gone
                 self._fail(self._died(rank, method))
         return self._gather(method)
 
@@ -121,20 +121,26 @@ class RankGroup:
                          timeout=max(0.0, deadline - time.monotonic()))
             if not ready:
                 self._fail(f"tp rank(s) {sorted(pending)} did not finish {what} within {self.timeout:g} s")
+            died, failed = [], []
             for rank, conn in list(pending.items()):
-                if not conn.poll():
-                    continue
-                try:
-                    status, value = conn.recv()
-                except EOFError:  # the process closed its end without answering: it died
-                    self._fail(self._died(rank, what))
-                if status == "error":
-                    self._fail(f"tp rank {rank} failed during {what}: {value}")
-                replies[rank] = value
-                del pending[rank]
-            for rank in pending:
-                if self._procs[rank].sentinel in ready and not self._conns[rank].poll():
-                    self._fail(self._died(rank, what))
+                if conn.poll():
+                    try:
+                        status, value = conn.recv()
+                    except (EOFError, OSError):  # closed or reset without an answer: the process died
+                        died.append(rank)
+                        continue
+                    if status == "error":
+                        failed.append(f"tp rank {rank} failed during {what}: {value}")
+                    else:
+                        replies[rank] = value
+                        del pending[rank]
+                elif self._procs[rank].sentinel in ready:
+                    died.append(rank)
+            # A dead rank is the cause; its peers' errors (a broken all-reduce) are the consequence.
+            if died:
+                self._fail(self._died(died[0], what))
+            if failed:
+                self._fail(failed[0])
         return replies
 
     def _died(self, rank: int, what: str) -> str:
@@ -143,19 +149,19 @@ class RankGroup:
         return f"tp rank {rank} (pid {proc.pid}) died during {what} with exit code {proc.exitcode}"
 
     def _fail(self, message: str):
-        self.close()
+        self.close(grace_s=0)  # a broken group cannot finish its calls: no point waiting for it
         raise TensorParallelError(message)
 
-    def close(self) -> None:
-        """Ask every rank to stop, wait briefly, then terminate whatever is left. Idempotent."""
+    def close(self, grace_s: float = 10) -> None:
+        """Ask every rank to stop, wait up to `grace_s`, then terminate whatever is left. Idempotent."""
         for conn, proc in zip(self._conns, self._procs):
             if proc.is_alive():
                 try:
                     conn.send((None, ()))
-                except (BrokenPipeError, ConnectionResetError):
+                except OSError:
                     pass
         for proc in self._procs:
-            proc.join(10)
+            proc.join(grace_s)
             if proc.is_alive():
                 proc.terminate()
                 proc.join(5)

@@ -24,7 +24,9 @@ QUICK = Settings("tiny", new_tokens=4, repeats=1, warmup_calls=1, host_steps=20,
 def bench(compiled, tmp_path_factory):
     b1, b4 = compiled("tiny-e2b", "fp32"), compiled("tiny-e2b", "b4")
     work = tmp_path_factory.mktemp("bench")
-    result = run_bench(b1, b1, b4, QUICK, work, Console(quiet=True))
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OMP_NUM_THREADS", "1")  # for the servers: tiny graphs on a busy 2-core box, ~10x faster
+        result = run_bench(b1, b1, b4, QUICK, work, Console(quiet=True))
     png = write(result, work / "out" / "bench.json")
     return result, work / "out" / "bench.json", png
 
@@ -34,7 +36,7 @@ def test_json_has_every_section_and_round_trips(bench):
     saved = json.loads(json_path.read_text())
     assert set(saved) >= {"meta", "throughput", "host_overhead", "concurrency", "memory", "targets", "samples", "plot"}
     assert saved["throughput"]["new_tokens"] == QUICK.new_tokens
-    assert set(saved["host_overhead"]["samplers"]) == set(HOST_P50_GOAL_US)
+    assert set(saved["host_overhead"]["samplers"]) >= set(HOST_P50_GOAL_US)
     assert saved["host_overhead"]["geometry"]["vocab"] == 262_144
     assert saved["host_overhead"]["geometry"]["ple_width"] == 35 * 256
     for label, batch in (("b1", 1), ("b4", 4)):

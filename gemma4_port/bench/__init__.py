@@ -121,7 +121,7 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
         servers[label], samples[f"server {label} (chunk gaps)"] = _serve(label, path, settings, work / "logs", console)
     result["concurrency"] = {"max_tokens": settings.max_tokens, "requests_per_stream": settings.requests_per_stream,
                              "servers": servers, "b4_over_b1_at_4_streams": report.batching_ratio({"servers": servers})}
-    console.log("memory: a slim-loader process and a transformers process")
+    console.log("memory: a process that loads the checkpoint with transformers")
     b1_meta = load_meta(b1)
     mem = memory.measure(b1, b1_meta)
     mem |= {"server_artifact": str(b1), "server_rss_mb": servers["b1"]["rss_mb"],

@@ -27,10 +27,7 @@ from .imageplan import DEFAULT_OS_IMAGE, ImageError, ImageSpec
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # Debian's Python must be inside the OS image: builds have no network to apt-get it later.
 DEBOOTSTRAP_INCLUDE = ("python3", "python3-venv", "ca-certificates")
-MANIFEST_TYPES = ", ".join((
-    "application/vnd.docker.distribution.manifest.v2+json",
-    "application/vnd.oci.image.manifest.v1+json",
-))
+MANIFEST_TYPES = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from runtime.tokenizer import TokenizerError
 from runtime.tp_backend import TensorParallelError
 from runtime.versions import NeuronUnavailable
 
+from .bench.errors import BenchError
 from .checkpoint import CheckpointError
 from .compile import CompileError
 from .imageplan import ImageError
@@ -17,5 +18,5 @@ from .sharding import ShardingError
 
 USER_ERRORS = (
     ArtifactError, CheckpointError, CompileError, LintError, ManifestError, PromptTooLong, ShardingError,
-    TokenizerError, WeightError, TensorParallelError, SettingsError, ImageError, NeuronUnavailable,
+    TokenizerError, WeightError, TensorParallelError, SettingsError, ImageError, NeuronUnavailable, BenchError,
 )

@@ -277,7 +277,7 @@ def render_dockerfile(spec: ImageSpec) -> str:
         values["artifacts"] = "\n".join(_artifact_lines(spec))
     if spec.kind in SLIM_TP:
         probe = ("import os, urllib.request; urllib.request.urlopen("
-                 f"'http://127.0.0.1:%s/ready' % os.environ['GEMMA4_PORT'], timeout=4)")
+                 "'http://127.0.0.1:%s/ready' % os.environ['GEMMA4_PORT'], timeout=4)")
         values["healthcheck"] = json.dumps(["python", "-c", probe])
         values["cmd"] = json.dumps(["gunicorn", "-c", f"{SERVER_DIR}/runtime/gunicorn.conf.py", "runtime.wsgi:app"])
     if spec.flavour == "neuron" and spec.kind == "base":

@@ -87,7 +87,7 @@ def test_env_is_baked_from_the_manifest():
 
 def test_tags_select_images_and_bring_their_base():
     m = manifest("gemma-4-e2b")
-    kinds = lambda only: [s.kind for s in plan_images(m, ImageOptions(flavour="neuron", only=only))]  # noqa: E731
+    kinds = lambda only: [s.kind for s in plan_images(m, ImageOptions(flavour="neuron", only=only))]
     assert kinds(("tp2-slim",)) == ["base", "tp2-slim"]
     assert kinds(("latest",)) == ["base"]
     assert kinds(()) == ["base", "slim", "tp2-slim"]

@@ -5,7 +5,6 @@ so the registry's growth during the second push is what the slim image alone cos
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -31,8 +30,8 @@ def images_cli(cwd: Path, *args: str, env: dict | None = None, timeout: float = 
                           env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
 
 
-def registry_manifest(registry, tag: str) -> dict:
-    r = requests.get(f"http://{registry.address}/v2/{REPO}/manifests/{tag}", headers={"Accept": MANIFEST_TYPES},
+def registry_manifest(reg, tag: str) -> dict:
+    r = requests.get(f"http://{reg.address}/v2/{REPO}/manifests/{tag}", headers={"Accept": MANIFEST_TYPES},
                      timeout=10)
     r.raise_for_status()
     return r.json()

@@ -109,7 +109,8 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
         "scale": settings.scale, "settings": asdict(settings), "artifact": str(folder),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-        "torch": torch.__version__, "load_average_start": os.getloadavg(),
+        "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_average_start": os.getloadavg(),
     }}
     console.log(f"throughput: {meta.name}/{meta.variant}, ours vs transformers, {settings.repeats} interleaved repeats")
     result["throughput"], token_ms = throughput.measure(folder, settings.new_tokens, settings.repeats,

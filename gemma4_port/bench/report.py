@@ -82,12 +82,15 @@ def print_report(result: dict, console: Console | None = None) -> None:
 
     g = host["geometry"]
     t = Table(title=f"Host work per decode step (vocab {g['vocab']:,}, PLE {g['ple_width']:,}, {g['dtype']}, "
-                    f"kv_max {g['kv_max']}), us p50 (step p99), share of a {host['device_step_ms']:g} ms device step")
-    for col in ("sampler", "embed+PLE", "inputs", "logits row", "sample", "detok", "step p50", "step p99", "share"):
+                    f"kv_max {g['kv_max']}, {host['torch_threads']} torch thread(s)): us p50, and the step's share "
+                    f"of a {host['device_step_ms']:g} ms device step")
+    for col in ("sampler", "nucleus", "embed+PLE", "inputs", "logits row", "sample", "detok", "step p50", "step p99",
+                "share"):
         t.add_column(col, justify="right")
     for name, s in host["samplers"].items():
-        p = s["parts_us"]
-        t.add_row(name, *(_f(p[k]["p50"]) for k in ("embed", "inputs", "logits_row", "sample", "detok")),
+        p, dist = s["parts_us"], s["distribution"]
+        nucleus = f"{dist['nucleus_tokens']:,} ({dist['entropy_nats']:.1f} nats)" if dist else ""
+        t.add_row(name, nucleus, *(_f(p[k]["p50"]) for k in ("embed", "inputs", "logits_row", "sample", "detok")),
                   _f(s["step_us"]["p50"]), _f(s["step_us"]["p99"]), f"{100 * s['share_of_device_step_p50']:.2f}%")
     console.print(t)
 

@@ -231,7 +231,11 @@ def _finish(manifest, variant, out, ckpt, geo, graphs, tables, backend, progress
             tokens, ref_logits[name] = reference_greedy(ref, ids, GOLDEN_STEPS)
             golden.append(Golden(name=name, ids=ids, tokens=tokens, checked=len(tokens)))
     with _step(progress, "sha256 of every file"):
-        files = {str(p.relative_to(out)): sha256(p) for p in sorted(out.rglob("*")) if p.is_file()}
+        files = {}
+        for p in sorted(out.rglob("*")):
+            if p.is_file():
+                p.chmod(0o644)  # safetensors writes 0600; a server running as another user must read it
+                files[str(p.relative_to(out))] = sha256(p)
     meta = ArtifactMeta(
         format=ARTIFACT_FORMAT, name=manifest.name, variant=variant.name, backend=backend,
         manifest=manifest.model_dump(mode="json"), versions=versions() | (extra_versions or {}),

@@ -220,6 +220,37 @@ def _buildkit_base(driver, spec: ImageSpec, context: Path, log: Console):
     return built
 
 
+def host_inputs(manifest: Manifest, options: ImageOptions, base: ImageSpec, driver, log: Console) -> dict[str, Path]:
+    """What the build contexts take from this host, by the names the plan uses."""
+    if options.flavour == "neuron":
+        sources = {"manifest": manifest.path}
+        if options.weights == "copy" and manifest.model.source:
+            sources["checkpoint"] = host_checkpoint(manifest)
+        return sources
+    cache = image_cache()
+    sources = {f"artifact:{v}": host_artifact(manifest, v, log) for v in base.variants}
+    sources["wheelhouse"] = wheelhouse(python_requirements(manifest, options), cache, log)
+    driver.ensure_os_image(base.from_image, cache)
+    return sources
+
+
+def summary(title: str, rows: list) -> Table:
+    """image, tag, digest (the image id if not pushed), size (what a slim adds), build time, push."""
+    table = Table(title=title)
+    for col in ("image", "tag", "digest", "size", "build", "layers pushed", "bytes pushed"):
+        table.add_column(col, justify="right" if col in ("size", "build", "bytes pushed") else "left")
+    base_size = rows[0][1].size  # the base is always built first
+    for spec, built, pushed in rows:
+        own = "" if spec.kind == "base" else f" (+{_size(built.size - base_size)})"
+        table.add_row(
+            spec.kind, spec.ref, pushed.digest[:19] if pushed else built.image_id[:19], _size(built.size) + own,
+            f"{built.seconds:.0f} s",
+            f"{pushed.uploaded} new, {pushed.reused} reused" if pushed else "not pushed",
+            _size(pushed.bytes_pushed) if pushed else "-",
+        )
+    return table
+
+
 def images_main(args) -> int:
     out = Console(width=None if sys.stdout.isatty() else 160)
     log = Console(stderr=True, soft_wrap=True)  # build logs as they come, never re-wrapped
@@ -239,17 +270,7 @@ def images_main(args) -> int:
     driver = Driver(log)  # first: a daemon that is not there fails before any slow step
     base = next(s for s in specs if s.kind == "base")
     buildkit_base = options.flavour == "neuron" and options.weights == "secret" and manifest.model.source
-    cache = image_cache()
-    sources: dict[str, Path] = {}
-    if options.flavour == "cpu":
-        for v in base.variants:
-            sources[f"artifact:{v}"] = host_artifact(manifest, v, log)
-        sources["wheelhouse"] = wheelhouse(python_requirements(manifest, options), cache, log)
-        driver.ensure_os_image(base.from_image, cache)
-    else:
-        sources["manifest"] = manifest.path
-        if options.weights == "copy" and manifest.model.source:
-            sources["checkpoint"] = host_checkpoint(manifest)
+    sources = host_inputs(manifest, options, base, driver, log)
 
     rows = []
     base_digest = None
@@ -272,17 +293,5 @@ def images_main(args) -> int:
             base_digest = pushed.digest
         rows.append((spec, built, pushed))
 
-    table = Table(title=f"{manifest.name} images ({options.flavour})")
-    for col in ("image", "tag", "digest", "size", "build", "layers pushed", "bytes pushed"):
-        table.add_column(col, justify="right" if col in ("size", "build", "bytes pushed") else "left")
-    base_size = rows[0][1].size  # the base is always built first
-    for spec, built, pushed in rows:
-        own = "" if spec.kind == "base" else f" (+{_size(built.size - base_size)})"
-        table.add_row(
-            spec.kind, spec.ref, pushed.digest[:19] if pushed else built.image_id[:19], _size(built.size) + own,
-            f"{built.seconds:.0f} s",
-            f"{pushed.uploaded} new, {pushed.reused} reused" if pushed else "not pushed",
-            _size(pushed.bytes_pushed) if pushed else "-",
-        )
-    out.print(table)
+    out.print(summary(f"{manifest.name} images ({options.flavour})", rows))
     return 0

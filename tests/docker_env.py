@@ -59,7 +59,6 @@ def _stop(proc: subprocess.Popen, timeout: float = 30) -> None:
 @dataclass
 class Engine:
     root: Path
-    data: Path
     proc: subprocess.Popen
 
     @property
@@ -68,6 +67,7 @@ class Engine:
 
     @classmethod
     def start(cls, root: Path, data: Path | None = None) -> Engine:
+        """dockerd with its socket and exec root under `root`, images in `data` (default: under root)."""
         data = data or root / "data"
         log = open(root / "dockerd.log", "wb")
         proc = subprocess.Popen(
@@ -76,7 +76,7 @@ class Engine:
              "--ip-forward=false", "--ip-masq=false", "--bridge=none"],
             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        engine = cls(root, data, proc)
+        engine = cls(root, proc)
         import docker
 
         deadline = time.monotonic() + 60
@@ -86,14 +86,18 @@ class Engine:
                 return engine
             except Exception:
                 if proc.poll() is not None or time.monotonic() > deadline:
+                    tail = (root / "dockerd.log").read_text(errors="replace").strip().splitlines()[-3:]
                     engine.stop()
-                    raise RuntimeError(f"dockerd did not start: see {root}/dockerd.log") from None
+                    raise RuntimeError(f"dockerd did not start: {' | '.join(tail)}") from None
                 time.sleep(0.2)
 
     def stop(self) -> None:
         _stop(self.proc)
-        if self.data.is_relative_to(self.root):  # a throwaway store: its images are GBs; the log stays
-            shutil.rmtree(self.data, ignore_errors=True)
+        # dockerd leaves its default network namespace mounted under the exec root.
+        netns = self.root / "exec" / "netns" / "default"
+        if os.path.ismount(netns):
+            subprocess.run(["umount", str(netns)], check=False, capture_output=True)
+        shutil.rmtree(self.root, ignore_errors=True)  # socket, exec root, log, and a throwaway image store
 
 
 @dataclass
@@ -141,6 +145,7 @@ class Registry:
 
     def stop(self) -> None:
         _stop(self.proc)
+        shutil.rmtree(self.storage, ignore_errors=True)  # the pushed images: hundreds of MB
 
 
 def _data_root(stack: ExitStack) -> Path | None:

@@ -52,16 +52,17 @@ SCALES = {
 }
 
 
-def _compile(manifest: Manifest, variant: Variant, work: Path, console: Console) -> Path:
+def _compile(manifest: Manifest, variant: Variant, work: Path, backend: str, console: Console) -> Path:
     from ..compile import compile_artifact
 
-    console.log(f"compiling {manifest.name}/{variant.name} (batch {variant.batch}) into {work}")
-    return compile_artifact(manifest, variant, work / f"{manifest.name}-{variant.name}")
+    console.log(f"compiling {manifest.name}/{variant.name} (batch {variant.batch}, {backend}) into {work}")
+    return compile_artifact(manifest, variant, work / f"{manifest.name}-{variant.name}", backend=backend)
 
 
 def _variant(manifest: Manifest, batch: int, like: Variant) -> Variant:
     """The manifest's single-rank variant with `batch` slots, preferring `like`'s dtype."""
-    found = sorted((v for v in manifest.variants if v.batch == batch and v.tp == 1), key=lambda v: v.dtype != like.dtype)
+    found = sorted((v for v in manifest.variants if v.batch == batch and v.tp == 1),
+                   key=lambda v: v.dtype != like.dtype)
     if not found:
         raise BenchError(f"manifest {manifest.name} has no tp=1 variant with batch {batch}; the concurrency "
                          f"benchmark needs one (variants: {[v.name for v in manifest.variants]})")
@@ -72,13 +73,17 @@ def artifacts(folder: Path | None, scale: str, work: Path, console: Console) -> 
     """(measured artifact, batch-1 artifact, batch-4 artifact), compiling what is not given."""
     if folder is None:
         manifest = load_manifest(SCALE_MANIFEST[scale])
-        folder = _compile(manifest, manifest.variants[0], work, console)
+        folder = _compile(manifest, manifest.variants[0], work, "cpu", console)
     meta = load_meta(folder)
     manifest = parse_manifest(meta.manifest, f"{folder}/artifact.json")
     variant = manifest.variant(meta.variant)
-    b1 = folder if variant.batch == 1 and variant.tp == 1 else _compile(manifest, _variant(manifest, 1, variant), work, console)
-    b4 = folder if variant.batch == 4 and variant.tp == 1 else _compile(manifest, _variant(manifest, 4, variant), work, console)
-    return folder, b1, b4
+
+    def with_batch(batch: int) -> Path:
+        if (variant.batch, variant.tp) == (batch, 1):
+            return folder
+        return _compile(manifest, _variant(manifest, batch, variant), work, meta.backend, console)
+
+    return folder, with_batch(1), with_batch(4)
 
 
 def _serve(label: str, folder: Path, settings: Settings, logs: Path, console: Console) -> tuple[dict, list[float]]:
@@ -138,6 +143,8 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
 def bench_main(args) -> int:
     settings = SCALES[args.model_scale]
     console = Console()
+    if not console.is_terminal:  # a log file: room for the widest table rather than 80 columns
+        console = Console(width=170)
     json_out = Path(args.json_out or f"artifacts/bench-{settings.scale}.json")
     with tempfile.TemporaryDirectory(prefix="gemma4-bench-") as tmp:
         work = Path(tmp)

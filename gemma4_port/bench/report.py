@@ -76,7 +76,8 @@ def print_report(result: dict, console: Console | None = None) -> None:
         t.add_column(col, justify="right")
     for side in ("ours", "transformers"):
         s = tp[side]
-        t.add_row(side, _f(s["decode_tok_s"]), _f(s["ttft_ms"]), _f(s["token_ms"]["p50"], 2), _f(s["token_ms"]["p99"], 2))
+        t.add_row(side, _f(s["decode_tok_s"]), _f(s["ttft_ms"]), _f(s["token_ms"]["p50"], 2),
+                  _f(s["token_ms"]["p99"], 2))
     t.add_row("ratio", f"{tp['decode_speedup']:.2f}x", f"{tp['ttft_speedup']:.2f}x", "", "")
     console.print(t)
 
@@ -144,6 +145,7 @@ def write_plot(result: dict, path: Path) -> None:
                   label=f"{label} (batch {server['batch']})")
     left.set_xscale("log", base=2)
     left.set_xticks([r["streams"] for r in rows], [str(r["streams"]) for r in rows])
+    left.set_ylim(bottom=0)
     left.set(xlabel="concurrent streams", ylabel="aggregate tok/s", title="Server throughput")
     left.legend()
     samples = {k: v for k, v in result["samples"]["token_ms"].items() if v}
@@ -151,9 +153,10 @@ def write_plot(result: dict, path: Path) -> None:
     if every:
         bins = np.geomspace(min(every), max(every) * 1.01, 40)
         for name, values in samples.items():
-            right.hist(values, bins=bins, histtype="step", linewidth=1.5, label=name)
+            right.hist(values, bins=bins, weights=np.full(len(values), 1 / len(values)), histtype="step",
+                       linewidth=1.5, label=name)
         right.set_xscale("log")
-    right.set(xlabel="per-token latency (ms)", ylabel="tokens", title="Per-token latency")
+    right.set(xlabel="per-token latency (ms)", ylabel="fraction of tokens", title="Per-token latency")
     right.legend()
     fig.suptitle(f"gemma4-inf2 bench, {result['meta']['scale']} ({result['throughput']['name']})")
     fig.tight_layout()

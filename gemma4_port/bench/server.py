@@ -63,7 +63,7 @@ class Server:
 
     def __enter__(self) -> Server:
         cmd = [sys.executable, str(ROOT / "build.py"), "serve", str(self.folder), "--host", "127.0.0.1",
-               "--port", str(self.port), "--backend", "cpu"]
+               "--port", str(self.port)]
         env = os.environ | {"PYTHONPROFILEIMPORTTIME": "1", "PYTHONUNBUFFERED": "1"}
         t0 = time.perf_counter()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:

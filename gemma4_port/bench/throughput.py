@@ -33,7 +33,7 @@ class Run:
 
     @property
     def decode_tok_s(self) -> float:
-        return len(self.gaps) / sum(self.gaps)
+        return len(self.gaps) / sum(self.gaps) if self.gaps else float("nan")
 
 
 def ours(runner, ids: list[int], n: int) -> Run:
@@ -97,7 +97,8 @@ def measure(folder: Path, new_tokens: int, repeats: int, warmup_calls: int) -> t
     model.set_attn_implementation("sdpa")  # transformers' default, faster than the reference's eager
     prompts = [loaded.tokenizer(p).input_ids[: runner.max_prompt] for p in PROMPTS]
     n = min(new_tokens, geo.kv_max - max(map(len, prompts)))
-    sides = {"ours": lambda ids, k: ours(runner, ids, k), "transformers": lambda ids, k: transformers_generate(model, ids, k)}
+    sides = {"ours": lambda ids, k: ours(runner, ids, k),
+             "transformers": lambda ids, k: transformers_generate(model, ids, k)}
     for ids in prompts * warmup_calls:  # every prefill bucket the prompts use, and the decode graph
         for run in sides.values():
             run(ids, warmup_calls + 1)

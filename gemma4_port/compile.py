@@ -188,22 +188,42 @@ def compile_artifact(manifest: Manifest, variant: Variant, out: Path, backend: s
         from .tp import compile_tp_cpu
 
         return compile_tp_cpu(manifest, variant, out, progress)
+    b = start_build(manifest, variant, out, progress)
+    with _step(progress, "load weights (strict key map)"):
+        decoder = Gemma4Decoder(b.shards[0], DTYPES[variant.dtype])
+        decoder.load_weights(b.reader)
+    with _step(progress, f"trace {len(b.geo.buckets)} prefill graph(s) + decode, lint"):
+        graphs = trace_cpu(decoder, HostInputs(b.geo, b.tables), b.geo, out)
+    return _finish(b, graphs, "cpu", progress)
+
+
+@dataclass
+class Build:
+    """What every compile path (cpu, cpu tp, neuron) starts from."""
+
+    manifest: Manifest
+    variant: Variant
+    out: Path
+    ckpt: Path
+    config: object  # Gemma4TextConfig
+    reader: CheckpointReader
+    shards: list[ModelShard]  # one per rank
+    geo: Geometry
+    tables: _Tables
+
+
+def start_build(manifest: Manifest, variant: Variant, out: Path, progress=None) -> Build:
+    """The checkpoint, the sharding plan (made once: a plan that cannot hold fails before any work),
+    the geometry and host tables, and an emptied artifact folder."""
     torch.set_grad_enabled(False)
     with _step(progress, "checkpoint"):
         ckpt = resolve_checkpoint(manifest)
         config = read_text_config(ckpt)
         reader = CheckpointReader(ckpt)
-    shard = shard_model(config, tp=1)
-    geo = geometry(config, shard, variant)
+    shards = [shard_model(config, variant.tp, r) for r in range(variant.tp)]
+    geo = geometry(config, shards[0], variant)  # every rank has the same per-rank shapes and inputs
     _prepare(out, ckpt)
-    tables = host_tables(reader, geo)
-    with _step(progress, "load weights (strict key map)"):
-        decoder = Gemma4Decoder(shard, DTYPES[variant.dtype])
-        decoder.load_weights(reader)
-    host = HostInputs(geo, tables)
-    with _step(progress, f"trace {len(geo.buckets)} prefill graph(s) + decode, lint"):
-        graphs = trace_cpu(decoder, host, geo, out)
-    return _finish(manifest, variant, out, ckpt, geo, graphs, tables, "cpu", progress)
+    return Build(manifest, variant, out, ckpt, config, reader, shards, geo, host_tables(reader, geo))
 
 
 def _prepare(out: Path, ckpt: Path) -> None:
@@ -216,8 +236,10 @@ def _prepare(out: Path, ckpt: Path) -> None:
     shutil.copy(ckpt / "config.json", out / "config.json")
 
 
-def _finish(manifest, variant, out, ckpt, geo, graphs, tables, backend, progress, extra_versions=None) -> Path:
+def _finish(b: Build, graphs: dict[str, str], backend: str, progress, extra_versions=None) -> Path:
     from safetensors.torch import save_file
+
+    manifest, variant, out, ckpt, geo, tables = b.manifest, b.variant, b.out, b.ckpt, b.geo, b.tables
 
     blobs = {"embed_tokens": tables.embed}
     if tables.ple is not None:

@@ -28,8 +28,8 @@ from runtime.hostside import DTYPES, HostInputs
 from runtime.neuron_backend import HOST_KV, NeuronLayout, neuron_layout, signature
 from runtime.versions import installed_versions, pin_problems, require
 
-from .checkpoint import CheckpointReader, cache_root, read_text_config, resolve_checkpoint
-from .compile import CompileError, _finish, _prepare, _step, example_inputs, geometry, host_tables
+from .checkpoint import CheckpointReader, cache_root
+from .compile import CompileError, _finish, _step, example_inputs, geometry, start_build
 from .graphs import DecodeGraph, PrefillGraph
 from .lint import check_traced
 from .manifest import Manifest, Toolchain, Variant
@@ -335,17 +335,10 @@ def compile_neuron(manifest: Manifest, variant: Variant, out: Path, progress=Non
     # neuronx-cc keys its cache by HLO hash: an unchanged graph is not compiled twice.
     os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(cache_root() / "neuron-compile-cache"))
     versions = load_sdk(manifest.toolchain, layout)  # before any work: a missing SDK fails at once
-    torch.set_grad_enabled(False)
-    with _step(progress, "checkpoint"):
-        ckpt = resolve_checkpoint(manifest)
-        config = read_text_config(ckpt)
-        reader = CheckpointReader(ckpt)
-    shards = [shard_model(config, variant.tp, r) for r in range(variant.tp)]
+    start = start_build(manifest, variant, out, progress)
+    ckpt, config, reader, shards, geo = start.ckpt, start.config, start.reader, start.shards, start.geo
     check_spmd(shards)
-    geo = geometry(config, shards[0], variant)
-    _prepare(out, ckpt)
-    tables = host_tables(reader, geo)
-    b = _Build(manifest, variant, layout, ckpt, config, geo, HostInputs(geo, tables), out,
+    b = _Build(manifest, variant, layout, ckpt, config, geo, HostInputs(geo, start.tables), out,
                cache_root() / "neuron-workdir" / f"{manifest.name}-{variant.name}")
     whole = None
     graphs = {}
@@ -363,4 +356,4 @@ def compile_neuron(manifest: Manifest, variant: Variant, out: Path, progress=Non
         jobs = [(name, None, inputs) for name, _, inputs in jobs]
     with _step(progress, f"neuronx-cc: {len(jobs)} graph(s) via {layout.builder} (long; workdir {b.workdir})"):
         graphs |= BUILDERS[layout.builder](b, jobs)
-    return _finish(manifest, variant, out, ckpt, geo, graphs, tables, "neuron", progress, extra_versions=versions)
+    return _finish(start, graphs, "neuron", progress, extra_versions=versions)

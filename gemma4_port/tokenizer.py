@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 
 SPECIAL_TOKENS = ("<pad>", "<eos>", "<bos>", "<unk>", "<start_of_turn>", "<end_of_turn>")
 PAD_ID, EOS_ID, BOS_ID, UNK_ID, START_TURN_ID, END_TURN_ID = range(len(SPECIAL_TOKENS))

@@ -10,17 +10,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import torch
-
 from runtime.artifact import Geometry
 from runtime.hostside import DTYPES, HostInputs
 from runtime.tp_backend import RankGroup, all_reduce
 
-from .checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
-from .compile import _finish, _prepare, _step, geometry, host_tables, trace_cpu
+from .checkpoint import CheckpointReader
+from .compile import _finish, _step, host_tables, start_build, trace_cpu
 from .manifest import Manifest, Variant
 from .model import Gemma4Decoder
-from .sharding import ModelShard, shard_model
+from .sharding import ModelShard
 
 
 class _RankTracer:
@@ -40,20 +38,11 @@ class _RankTracer:
 
 
 def compile_tp_cpu(manifest: Manifest, variant: Variant, out: Path, progress=None) -> Path:
-    torch.set_grad_enabled(False)
-    with _step(progress, "checkpoint"):
-        ckpt = resolve_checkpoint(manifest)
-        config = read_text_config(ckpt)
-        reader = CheckpointReader(ckpt)
-    # The plan is made once, here: a plan that cannot hold fails before any process starts.
-    shards = [shard_model(config, variant.tp, r) for r in range(variant.tp)]
-    geo = geometry(config, shards[0], variant)  # every rank has the same per-rank shapes and inputs
-    _prepare(out, ckpt)
-    tables = host_tables(reader, geo)
+    b = start_build(manifest, variant, out, progress)
     with _step(progress, f"{variant.tp} ranks (gloo): load each rank's shard, trace with all-reduce, lint"):
-        group = RankGroup(variant.tp, _RankTracer, (ckpt, geo, shards))
+        group = RankGroup(variant.tp, _RankTracer, (b.ckpt, b.geo, b.shards))
         try:
             graphs = {k: v for per_rank in group.call("trace", out) for k, v in per_rank.items()}
         finally:
             group.close()
-    return _finish(manifest, variant, out, ckpt, geo, graphs, tables, "cpu", progress)
+    return _finish(b, graphs, "cpu", progress)

@@ -118,8 +118,8 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_average_start": os.getloadavg(),
     }}
     console.log(f"throughput: {meta.name}/{meta.variant}, ours vs transformers, {settings.repeats} interleaved repeats")
-    result["throughput"], token_ms = throughput.measure(folder, settings.new_tokens, settings.repeats,
-                                                                settings.warmup_calls)
+    result["throughput"], token_ms = throughput.measure(
+        folder, settings.new_tokens, settings.repeats, settings.warmup_calls)
     console.log(f"host overhead: {settings.host_steps} steps per sampler at the real vocabulary")
     result["host_overhead"] = host_overhead.measure(load_tokenizer(folder / "tokenizer"), settings.host_steps)
     servers, samples = {}, {"ours (in-process)": token_ms["ours"], "transformers generate": token_ms["transformers"]}
@@ -145,6 +145,9 @@ def bench_main(args) -> int:
     console = Console()
     if not console.is_terminal:  # a log file: room for the widest table rather than 80 columns
         console = Console(width=170)
+    if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
+        console.log(f"note: torch uses {torch.get_num_threads()} threads here and so will the servers; on a small or "
+                    "busy host its thread pool stalls (measured up to 10x slower): try OMP_NUM_THREADS=1")
     json_out = Path(args.json_out or f"artifacts/bench-{settings.scale}.json")
     with tempfile.TemporaryDirectory(prefix="gemma4-bench-") as tmp:
         work = Path(tmp)

@@ -22,9 +22,10 @@ from ..compile import geometry
 from ..configs import text_config_for
 from ..manifest import load_manifest
 from ..sharding import shard_model
+from .server import ROOT
 from .stats import summary
 
-REAL_MANIFEST = "manifests/gemma-4-e2b.yaml"
+REAL_MANIFEST = ROOT / "manifests/gemma-4-e2b.yaml"
 DEVICE_STEP_MS = 22.0  # ~44 tok/s: the E2B decode step on one NeuronCore (seed report)
 ID_POOL = 4096  # distinct token ids looked up (their rows are the only ones written)
 SAMPLERS = {
@@ -34,9 +35,9 @@ SAMPLERS = {
 }
 HEAD = 20  # tokens that carry most of the mass in a "peaked" row
 # (sampler, logit rows) pairs timed. "peaked" rows look like a trained model's: a bulk ~ N(0, 2^2) and a
-# head of HEAD tokens near 14, so at temperature 0.8 the entropy is ~2 nats and the top-p nucleus a few
-# tokens. "flat" rows ~ N(0, 4^2) (entropy ~5 nats, a nucleus of thousands of tokens) are the worst
-# case for top-p without top-k, which must then rank most of the vocabulary; shown, not targeted.
+# head of HEAD tokens near 14, so at temperature 0.8 the entropy is ~2.5 nats and the top-p nucleus ~15
+# tokens. "flat" rows ~ N(0, 4^2) (entropy ~5 nats, a nucleus of ~1,500 tokens) are the hard case for
+# the samplers; shown, not targeted.
 CASES = (("greedy", "peaked"), ("top_k_top_p", "peaked"), ("top_p", "peaked"), ("top_k_top_p", "flat"),
          ("top_p", "flat"))
 
@@ -121,7 +122,8 @@ def measure(tokenizer, steps: int, seed: int = 0) -> dict:
     rows = {kind: logit_rows(kind, geo.vocab, DTYPES[geo.dtype], gen) for kind in ("peaked", "flat")}
     out = {
         "geometry": {"vocab": geo.vocab, "ple_width": geo.num_layers * geo.ple_dim, "hidden": geo.hidden,
-                     "dtype": geo.dtype, "kv_max": geo.kv_max, "batch": geo.batch, "source": REAL_MANIFEST},
+                     "dtype": geo.dtype, "kv_max": geo.kv_max, "batch": geo.batch,
+                     "source": str(REAL_MANIFEST.relative_to(ROOT))},
         "steps": steps, "device_step_ms": DEVICE_STEP_MS, "detok_vocab": len(tokenizer),
         "torch_threads": torch.get_num_threads(), "samplers": {},
     }

@@ -2,8 +2,9 @@
 fresh process that loads the full checkpoint with transformers (the alternative to the slim server,
 whose RSS server.py reads). The load runs in a child process of its own; the child reports its RSS
 after loading and one forward pass (transformers memory-maps safetensors: its weights count only once
-touched), its peak (ru_maxrss), and that transformers' model module was imported (the same probe
-finds none in the server)."""
+touched), its peak RSS, and that transformers' model module was imported (the same probe finds
+none in the server). The peak is the child's VmHWM: its ru_maxrss would include the RSS of the
+benchmark process it was forked from (Linux carries the pre-exec high-water mark across exec)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,15 @@ MB = 1 << 20
 
 # The model stays referenced (`m`) while the RSS is read.
 _CHILD = """
-import json, resource, sys
+import json, os, sys
 from pathlib import Path
 import psutil, torch
+from gemma4_port.bench.server import vm_hwm
 from gemma4_port.reference import load_reference
 torch.set_grad_enabled(False)
 m = load_reference(Path({ckpt!r})).to(getattr(torch, {dtype!r}))
 m(torch.tensor([[2, 3, 4]]))
-print(json.dumps({{"rss": psutil.Process().memory_info().rss,
-                  "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+print(json.dumps({{"rss": psutil.Process().memory_info().rss, "peak_rss": vm_hwm(os.getpid()),
                   "model_module_imported": {module!r} in sys.modules}}))
 """
 

@@ -7,6 +7,7 @@ if it was not, no transformers model object can exist in the server."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -33,7 +34,8 @@ def free_port() -> int:
 
 
 def vm_hwm(pid: int) -> int:
-    """Peak resident set size of a live process in bytes (Linux: VmHWM, what ru_maxrss reports)."""
+    """Peak resident set size of a live process in bytes: Linux's VmHWM (ru_maxrss would also count
+    the RSS of the process that forked it, carried across exec)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) * 1024
@@ -42,8 +44,8 @@ def vm_hwm(pid: int) -> int:
 
 def imported_modules(log: str) -> set[str]:
     """Module names from a PYTHONPROFILEIMPORTTIME log ("import time: self | cumulative | name")."""
-    return {line.rsplit("|", 1)[1].strip() for line in log.splitlines() if line.startswith(IMPORT_LOG_PREFIX)
-            and "|" in line}
+    lines = (line for line in log.splitlines() if line.startswith(IMPORT_LOG_PREFIX) and "|" in line)
+    return {line.rsplit("|", 1)[1].strip() for line in lines}
 
 
 class Server:
@@ -85,7 +87,7 @@ class Server:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise BenchError(f"the server exited with code {self.proc.returncode} before it was ready: "
-                                  f"{self.tail()}")
+                                 f"{self.tail()}")
             try:
                 r = requests.get(self.url + "/ready", timeout=5)
                 body = r.json()
@@ -137,10 +139,8 @@ class Server:
         try:
             self.proc.wait(timeout=90)
         except subprocess.TimeoutExpired:
-            for p in ([self.worker] if self.worker else []):
-                try:
-                    p.kill()
-                except psutil.NoSuchProcess:
-                    pass
+            if self.worker is not None:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    self.worker.kill()
             self.proc.kill()
             self.proc.wait()

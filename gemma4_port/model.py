@@ -87,12 +87,15 @@ class Attention(nn.Module):
         """q (B, Hq, S, D); k, v (B, KVH, T, D); mask (B, 1, S, T) additive. Scaling is 1.0."""
         B, _, S, D = q.shape
         s = self.s
-        k = k[:, s.kv_use_start:s.kv_use_start + s.kv_use].unsqueeze(2)  # (B, KVu, 1, T, D)
-        v = v[:, s.kv_use_start:s.kv_use_start + s.kv_use].unsqueeze(2)  # (B, KVu, 1, T, D)
-        q = q.reshape(B, s.kv_use, s.groups, S, D)  # (B, KVu, G, S, D)
-        scores = torch.matmul(q, k.transpose(-1, -2)) + mask.unsqueeze(1)  # (B, KVu, G, S, T)
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        out = torch.matmul(probs, v)  # (B, KVu, G, S, D)
+        T = k.shape[2]
+        k = k[:, s.kv_use_start:s.kv_use_start + s.kv_use]  # (B, KVu, T, D)
+        v = v[:, s.kv_use_start:s.kv_use_start + s.kv_use]  # (B, KVu, T, D)
+        # Query groups folded into the query length: one matmul per KV head, K/V never expanded or copied.
+        q = q.reshape(B, s.kv_use, s.groups * S, D)  # (B, KVu, G*S, D)
+        scores = torch.matmul(q, k.transpose(-1, -2)).view(B, s.kv_use, s.groups, S, T)  # (B, KVu, G, S, T)
+        scores = scores + mask.unsqueeze(1)
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(B, s.kv_use, s.groups * S, T)
+        out = torch.matmul(probs, v)  # (B, KVu, G*S, D)
         out = out.reshape(B, s.q_heads, S, D).transpose(1, 2).reshape(B, S, s.q_heads * D)  # (B, S, Hq*D)
         return self.o_proj(out)  # (B, S, H), a partial sum when tp > 1
 

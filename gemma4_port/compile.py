@@ -16,7 +16,7 @@ import torch
 from runtime.artifact import (
     ARTIFACT_FORMAT, HOST_TABLES, ArtifactMeta, Geometry, Golden, Rope, sha256, write_meta,
 )
-from runtime.hostside import DTYPES, HostInputs
+from runtime.hostside import DTYPES, HostInputs, scaled_tables
 from runtime.tokenizer import load_tokenizer
 
 from .checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
@@ -72,14 +72,22 @@ def geometry(config, shard: ModelShard, variant: Variant) -> Geometry:
 
 @dataclass
 class _Tables:
-    embed: torch.Tensor
-    ple: torch.Tensor | None
+    """Duck-types runtime.hostside.HostTables; `blobs` is what host/tables.safetensors holds."""
+
+    blobs: dict[str, torch.Tensor]
+
+    @property
+    def embed(self) -> torch.Tensor:
+        return self.blobs["embed_tokens_scaled"]
+
+    @property
+    def ple(self) -> torch.Tensor | None:
+        return self.blobs.get("embed_tokens_per_layer_scaled")
 
 
 def host_tables(reader: CheckpointReader, geo: Geometry) -> _Tables:
-    dtype = DTYPES[geo.dtype]
-    ple = reader.get("embed_tokens_per_layer.weight").to(dtype).contiguous() if geo.ple_dim else None
-    return _Tables(reader.get("embed_tokens.weight").to(dtype).contiguous(), ple)
+    ple = reader.get("embed_tokens_per_layer.weight") if geo.ple_dim else None
+    return _Tables(scaled_tables(reader.get("embed_tokens.weight"), ple, geo))
 
 
 def example_inputs(host: HostInputs, geo: Geometry, graph: str, bucket: int = 0):
@@ -241,10 +249,7 @@ def _finish(b: Build, graphs: dict[str, str], backend: str, progress, extra_vers
 
     manifest, variant, out, ckpt, geo, tables = b.manifest, b.variant, b.out, b.ckpt, b.geo, b.tables
 
-    blobs = {"embed_tokens": tables.embed}
-    if tables.ple is not None:
-        blobs["embed_tokens_per_layer"] = tables.ple
-    save_file(blobs, str(out / HOST_TABLES))
+    save_file(tables.blobs, str(out / HOST_TABLES))
     with _step(progress, "golden tokens from the float reference (transformers, CPU)"):
         tok = load_tokenizer(out / "tokenizer")
         ref = load_reference(ckpt)

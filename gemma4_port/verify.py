@@ -15,7 +15,7 @@ from rich.table import Table
 
 from runtime.artifact import ArtifactError, check_files, load_meta
 from runtime.loader import load_artifact
-from runtime.sampling import softcap
+from runtime.sampling import argmax, softcap
 
 from .reference import load_reference, reference_greedy
 
@@ -101,8 +101,8 @@ def run_slots_together(runner, cases: list[Case]) -> list[tuple[list[int], list[
             live[slot] = runner.prefill(slot, case.ids)
         for slot, logits in list(live.items()):
             toks, seen = out[slot]
-            toks.append(int(logits.argmax()))
-            seen.append(logits)
+            toks.append(argmax(logits))
+            seen.append(logits.float())
             if len(toks) == cases[slot].steps:
                 del live[slot]
                 runner.free(slot)

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-ARTIFACT_FORMAT = 1
+ARTIFACT_FORMAT = 2  # 2: host tables stored pre-scaled
 HOST_TABLES = "host/tables.safetensors"
 
 

@@ -13,36 +13,34 @@ REPLACEMENT = "\ufffd"
 
 
 class Detokenizer:
-    """Incremental decoding that never splits a character.
-
-    Each step decodes a short window of tokens (from `prefix` on) and releases what the newest
-    tokens added to the text of the window without them: decoding from a few tokens back keeps
-    the leading spaces and merges a tokenizer decides from context."""
+    """Incremental decoding that never splits a character: `tokenizers`' DecodeStream (it decodes
+    from a few tokens back, keeping the leading spaces and merges a tokenizer decides from context,
+    and holds tokens that end inside a UTF-8 character), plus a flush for the end of a stream."""
 
     def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
-        self.ids: list[int] = []
-        self.prefix = 0  # window start
-        self.read = 0  # tokens up to here are released
+        from tokenizers.decoders import DecodeStream
 
-    def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        self.tokenizer = tokenizer
+        self.backend = tokenizer.backend_tokenizer
+        self.stream = DecodeStream(skip_special_tokens=True)
+        self.held: list[int] = []  # pushed since the last release
+        self.context: list[int] = []  # the token that completed the last release
 
     def push(self, token: int) -> str:
-        self.ids.append(token)
-        before = self._decode(self.ids[self.prefix : self.read])
-        now = self._decode(self.ids[self.prefix :])
-        if len(now) <= len(before) or now.endswith(REPLACEMENT):
-            return ""  # an incomplete character (or a token with no text): wait for more
-        self.prefix, self.read = self.read, len(self.ids)
-        return now[len(before) :]
+        text = self.stream.step(self.backend, token)
+        if text is None:
+            self.held.append(token)
+            return ""
+        self.held, self.context = [], [token]
+        return text
 
     def flush(self) -> str:
-        """The unreleased rest, incomplete characters included (as U+FFFD), at the end of a stream."""
-        before = self._decode(self.ids[self.prefix : self.read])
-        now = self._decode(self.ids[self.prefix :])
-        self.prefix = self.read = len(self.ids)
-        return now[len(before) :]
+        """The unreleased rest, incomplete characters included (as U+FFFD), at the end of a stream.
+        Decoded after the last released token, so a leading space survives as in the stream."""
+        before, now = (self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+                       for ids in (self.context, self.context + self.held))
+        self.held = []
+        return now[len(before):]
 
 
 def stop_prefix_len(text: str, stops: Sequence[str]) -> int:

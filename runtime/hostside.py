@@ -6,96 +6,143 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .artifact import HOST_TABLES, Geometry
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}  # numpy has no bfloat16: rows move as bits
 
 
 class HostTables:
-    """Word and PLE embedding tables, memory-mapped from safetensors at the artifact dtype."""
+    """Word and PLE embedding tables at the artifact dtype, already multiplied by their scales at
+    compile time (the same products, in the same dtype, as transformers' lookups make)."""
 
     def __init__(self, folder: Path, geo: Geometry):
         from safetensors import safe_open
 
         with safe_open(str(Path(folder) / HOST_TABLES), framework="pt") as f:
-            self.embed = f.get_tensor("embed_tokens")  # (V, H)
-            self.ple = f.get_tensor("embed_tokens_per_layer") if geo.ple_dim else None  # (V, L*P)
+            self.embed = f.get_tensor("embed_tokens_scaled")  # (V, H)
+            self.ple = f.get_tensor("embed_tokens_per_layer_scaled") if geo.ple_dim else None  # (V, L*P)
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.embed, self.ple) if t is not None)
 
 
+def scaled_tables(embed: torch.Tensor, ple: torch.Tensor | None, geo: Geometry) -> dict[str, torch.Tensor]:
+    """The host tables as compile writes them. Each scale is cast to the table dtype first, as
+    transformers does (sqrt(1536) is 39.25 in bf16), so a row times its scale is bit for bit the lookup's."""
+    dtype = DTYPES[geo.dtype]
+    out = {"embed_tokens_scaled": embed.to(dtype) * torch.tensor(geo.embed_scale).to(dtype)}
+    if ple is not None:
+        out["embed_tokens_per_layer_scaled"] = ple.to(dtype) * torch.tensor(geo.ple_scale).to(dtype)
+    return out
+
+
 class HostInputs:
+    """Builds each graph's inputs from tables made once: a decode step is four row gathers. At the
+    real vocabulary the host has ~200 us per step; a gather costs ~1-2 us in numpy and ~5-15 us as
+    a torch op, so the gathers run in numpy on each table's bit patterns (any float dtype moves as
+    same-width integers) and torch only wraps the result."""
+
     def __init__(self, geo: Geometry, tables: HostTables):
         self.geo = geo
         self.tables = tables
         self.dtype = DTYPES[geo.dtype]
-        self.neg = torch.finfo(self.dtype).min  # finite: one-hot arithmetic must never meet inf * 0
-        # Scales are cast to the table dtype first, as transformers does (sqrt(1536) is 39.25 in bf16).
-        self.embed_scale = torch.tensor(geo.embed_scale).to(self.dtype)
-        self.ple_scale = torch.tensor(geo.ple_scale).to(self.dtype)
-        self.inv_freq = {k: torch.tensor(r.inv_freq, dtype=torch.float32) for k, r in geo.rope.items()}
+        self.embed_bits = self._bits(tables.embed)  # (V, H)
+        self.ple_bits = self._bits(tables.ple) if geo.ple_dim else None  # (V, L*P)
+        K = geo.kv_max
+        # Every rotary input of position p, side by side in row p: one lookup per step, split into views.
+        rope = [part for kind in geo.kinds for part in self._rope(torch.arange(K), kind)]
+        self.rope_names = [f"{part}_{kind}" for kind in geo.kinds for part in ("cos", "sin")]
+        self.rope_widths = [t.shape[1] for t in rope]
+        self.rope_rows = torch.cat(rope, dim=1)  # (K, sum of widths)
+        # Row p of a causal (or windowed) mask, and of the one-hot write at p, is the K-wide slice at
+        # offset K-1-p of a 2K strip; `unfold` views all K+1 slices without copying. Offset K (p = -1)
+        # is an idle slot's: it sees no key and writes nothing.
+        distance = (K - 1) - torch.arange(2 * K)  # strip index -> query position minus key position
+        strips = [self._additive(self._visible(distance, kind)) for kind in geo.kinds]
+        strips.append((distance == 0).to(self.dtype))
+        self.row_names = [f"mask_{kind}" for kind in geo.kinds] + ["write"]
+        self.row_bits = self._bits(torch.stack(strips, dim=1).unfold(0, K, 1))  # (K + 1, kinds + 1, K), a view
+        self.rope_bits = self._bits(self.rope_rows)
+        self.prefill_masks = {
+            (kind, b): self._additive(self._visible(torch.arange(b)[:, None] - torch.arange(b), kind))[None, None]
+            for kind in geo.kinds for b in geo.buckets}  # (1, 1, S, S)
 
-    def embed(self, ids: torch.Tensor):
-        """ids (B, S) -> hidden (B, S, H) and raw per-layer inputs (B, S, L, P) or None."""
-        h = self.tables.embed[ids] * self.embed_scale
+    def _rope(self, positions: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions (N,) -> cos, sin (N, D) at the graph dtype."""
+        inv_freq = torch.tensor(self.geo.rope[kind].inv_freq, dtype=torch.float32)
+        freqs = positions[:, None].float() * inv_freq  # (N, D/2)
+        emb = torch.cat((freqs, freqs), dim=-1)  # (N, D)
+        return emb.cos().to(self.dtype), emb.sin().to(self.dtype)
+
+    def _visible(self, distance: torch.Tensor, kind: str) -> torch.Tensor:
+        """Query position minus key position -> may the query see the key (causal, windowed if sliding)."""
+        ok = distance >= 0
+        if kind == "sliding":
+            ok &= distance < self.geo.sliding_window
+        return ok
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        # finite, not -inf: one-hot arithmetic must never meet inf * 0
+        neg = torch.tensor(torch.finfo(self.dtype).min, dtype=self.dtype)
+        return torch.where(visible, torch.zeros((), dtype=self.dtype), neg)
+
+    def _bits(self, table: torch.Tensor) -> np.ndarray:
+        return table.view(BITS[self.dtype]).numpy()
+
+    def _gather(self, bits: np.ndarray, index) -> torch.Tensor:
+        """Rows `index` of a table's bit view -> a fresh tensor at the graph dtype."""
+        return torch.from_numpy(bits[index]).view(self.dtype)
+
+    def embed(self, ids: list[list[int]]):
+        """ids (B, S) -> hidden (B, S, H) and per-layer inputs (B, S, L, P) or None: pre-scaled rows."""
+        ids = np.asarray(ids)  # (B, S)
+        h = self._gather(self.embed_bits, ids)  # (B, S, H)
         if not self.geo.ple_dim:
             return h, None
-        ple = self.tables.ple[ids] * self.ple_scale
+        ple = self._gather(self.ple_bits, ids)  # (B, S, L*P)
         return h, ple.view(*ids.shape, self.geo.num_layers, self.geo.ple_dim)  # (B, S, L, P)
 
-    def rope(self, positions: torch.Tensor) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
-        """positions (B, S) -> {kind: (cos, sin) (B, S, D)}."""
-        out = {}
-        for kind in self.geo.kinds:
-            freqs = positions[..., None].float() * self.inv_freq[kind]  # (B, S, D/2)
-            emb = torch.cat((freqs, freqs), dim=-1)  # (B, S, D)
-            out[kind] = (emb.cos().to(self.dtype), emb.sin().to(self.dtype))
-        return out
-
-    def _mask(self, q_pos: torch.Tensor, k_pos: torch.Tensor, kind: str) -> torch.Tensor:
-        """q_pos (B, S), k_pos (T,) -> additive mask (B, 1, S, T): causal, and windowed if sliding."""
-        dist = q_pos[:, :, None] - k_pos[None, None, :]  # (B, S, T)
-        ok = dist >= 0
-        if kind == "sliding":
-            ok &= dist < self.geo.sliding_window
-        zero = torch.zeros((), dtype=self.dtype)
-        return torch.where(ok, zero, torch.tensor(self.neg, dtype=self.dtype)).unsqueeze(1)
+    def _with_rope(self, values: dict[str, torch.Tensor], rows: torch.Tensor) -> None:
+        """rows (B, S, sum of widths) of the rope table -> cos_/sin_ inputs (B, S, D), views."""
+        values.update(zip(self.rope_names, rows.split(self.rope_widths, dim=-1)))
 
     def _assemble(self, graph: str, values: dict[str, torch.Tensor], kv=()) -> tuple[torch.Tensor, ...]:
+        """The graph's inputs in its traced order, each contiguous (a device copy must not see strides)."""
         names = self.geo.inputs[graph]
-        return tuple(values[n] for n in names if not n.startswith("kv")) + tuple(kv)
+        ins = (values[n] for n in names if not n.startswith("kv"))
+        return tuple(t if t.is_contiguous() else t.contiguous() for t in ins) + tuple(kv)
 
     def prefill(self, ids: list[int], bucket: int, slot: int, kv=()) -> tuple[torch.Tensor, ...]:
         """A prompt right-padded to `bucket`, written into `slot` from position 0."""
         n = len(ids)
         if not 0 < n <= bucket:
             raise ValueError(f"prompt of {n} tokens does not fit bucket {bucket}")
-        padded = torch.tensor([list(ids) + [0] * (bucket - n)])  # (1, S)
-        h, ple = self.embed(padded)
-        positions = torch.arange(bucket)[None]  # (1, S)
+        if bucket not in self.geo.buckets:
+            raise ValueError(f"{bucket} is not one of the prefill buckets {self.geo.buckets}")
+        h, ple = self.embed([list(ids) + [0] * (bucket - n)])  # ids (1, S)
         values = {"hidden": h, "ple": ple}
-        for kind, (cos, sin) in self.rope(positions).items():
-            values[f"cos_{kind}"], values[f"sin_{kind}"] = cos, sin
-            values[f"mask_{kind}"] = self._mask(positions, torch.arange(bucket), kind)
+        self._with_rope(values, self.rope_rows[None, :bucket])  # (1, S, sum of widths)
+        values.update({f"mask_{kind}": self.prefill_masks[kind, bucket] for kind in self.geo.kinds})
         values["last"] = torch.nn.functional.one_hot(torch.tensor([n - 1]), bucket).to(self.dtype)  # (1, S)
         values["slot"] = torch.nn.functional.one_hot(torch.tensor(slot), self.geo.batch).to(self.dtype)  # (B,)
         return self._assemble("prefill", values, kv)
 
     def decode(self, tokens: list[int | None], positions: list[int], kv=()) -> tuple[torch.Tensor, ...]:
-        """One token per slot; `None` marks an idle slot (no cache write, a harmless mask)."""
-        active = torch.tensor([t is not None for t in tokens])
-        ids = torch.tensor([[t if t is not None else 0] for t in tokens])  # (B, 1)
-        pos = torch.tensor([[p if t is not None else 0] for t, p in zip(tokens, positions)])  # (B, 1)
-        h, ple = self.embed(ids)
+        """One token per slot; `None` marks an idle slot (it sees no key and writes nothing; its
+        output is never read). Four gathers in all: words, PLE, rope rows, mask-and-write rows."""
+        K, B = self.geo.kv_max, len(tokens)
+        h, ple = self.embed([[t or 0] for t in tokens])  # ids (B, 1)
         values = {"hidden": h, "ple": ple}
-        keys = torch.arange(self.geo.kv_max)
-        for kind, (cos, sin) in self.rope(pos).items():
-            values[f"cos_{kind}"], values[f"sin_{kind}"] = cos, sin
-            values[f"mask_{kind}"] = self._mask(pos, keys, kind)
-        write = torch.nn.functional.one_hot(pos[:, 0], self.geo.kv_max) * active[:, None]  # (B, K)
-        values["write"] = write.to(self.dtype)
+        pos = [[p if t is not None else 0] for t, p in zip(tokens, positions)]  # (B, 1)
+        self._with_rope(values, self._gather(self.rope_bits, pos))  # (B, 1, sum of widths)
+        offset = [K - 1 - p if t is not None else K for t, p in zip(tokens, positions)]  # (B,)
+        rows = self._gather(self.row_bits, offset)  # (B, kinds + 1, K)
+        values.update(zip(self.row_names, rows.unbind(1)))
+        for kind in self.geo.kinds:
+            values[f"mask_{kind}"] = values[f"mask_{kind}"].view(B, 1, 1, K)  # (B, 1, 1, K)
         return self._assemble("decode", values, kv)

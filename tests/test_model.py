@@ -111,3 +111,26 @@ def test_graph_signatures_match_the_host_inputs():
     assert named["write"].shape == (4, geo.kv_max)
     assert named["mask_sliding"].shape == (4, 1, 1, geo.kv_max)
     assert dict(zip(geo.inputs["prefill"], pre))["slot"].shape == (4,)
+
+
+def test_decode_inputs_are_the_rows_of_their_definition():
+    """The precomputed tables give, per slot, exactly the causal/windowed mask, the one-hot write and
+    the rotary rows of its position; an idle slot writes nothing and sees no key."""
+    *_, geo, _, host = _setup("tiny-e2b", "b4")
+    K, W = geo.kv_max, geo.sliding_window
+    positions = [0, W, K - 1, 5]
+    named = dict(zip(geo.inputs["decode"], host.decode([7, 8, 9, None], positions)))
+    keys = torch.arange(K)
+    for slot, p in enumerate(positions[:3]):
+        assert torch.equal(named["write"][slot], (keys == p).to(host.dtype))
+        for kind in geo.kinds:
+            visible = (keys <= p) & ((keys > p - W) if kind == "sliding" else True)
+            assert torch.equal(named[f"mask_{kind}"][slot, 0, 0] == 0, visible), (kind, p)
+            inv = torch.tensor(geo.rope[kind].inv_freq)
+            assert torch.equal(named[f"cos_{kind}"][slot, 0], torch.cat((p * inv, p * inv)).cos().to(host.dtype))
+    assert not named["write"][3].any()
+    assert not (named["mask_full"][3] == 0).any()
+    assert all(t.is_contiguous() for t in named.values())
+    pre = dict(zip(geo.inputs["prefill"], host.prefill([1, 2, 3], 16, 2)))
+    q, k = torch.arange(16)[:, None], torch.arange(16)
+    assert torch.equal(pre["mask_sliding"][0, 0] == 0, (k <= q) & (k > q - W))

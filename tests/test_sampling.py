@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.sampling import SamplingParams, distribution, draw, nucleus, sample, softcap, top_candidates
+from runtime.sampling import SamplingParams, argmax, distribution, draw, nucleus, sample, softcap, top_candidates
 
 V = 262_144
 CAP = 30.0
@@ -85,6 +85,14 @@ def test_greedy_is_the_argmax_of_raw_and_of_softcapped_logits():
     row = peaky(3)
     token = sample(row, SamplingParams(temperature=0), CAP, torch.Generator())
     assert token == int(row.argmax()) == int(softcap(row, CAP).argmax())
+
+
+@pytest.mark.parametrize("shift", [0.0, -60.0], ids=["positive max", "all negative"])
+def test_bf16_argmax_is_the_float_argmax_first_index_on_ties(shift):
+    row = (peaky(4) + shift).to(torch.bfloat16)
+    row[[9, 70_000]] = row.max()  # a tie: the first index wins, as numpy's float argmax picks it
+    assert argmax(row) == int(row.float().numpy().argmax()) == 9
+    assert argmax(row.float()) == 9
 
 
 def test_softcap_bounds_logits_and_keeps_their_order():

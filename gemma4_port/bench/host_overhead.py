@@ -97,11 +97,11 @@ def time_steps(host: HostInputs, params: SamplingParams, logits: list[torch.Tens
         tok = int(pool[i % len(pool)])
         pos = 512 + i % (geo.kv_max - 512)  # past the sliding window, like a long chat
         t0 = time.perf_counter()
-        host.embed(torch.tensor([[tok]]))  # timed alone for the breakdown; decode() repeats it
+        host.embed([[tok]])  # timed alone for the breakdown; decode() repeats it
         t1 = time.perf_counter()
         host.decode([tok], [pos])
         t2 = time.perf_counter()
-        row = logits[i % len(logits)][0].float()  # as ModelRunner.decode hands it on
+        row = logits[i % len(logits)][0]  # as ModelRunner.decode hands it on: raw, at the graph dtype
         t3 = time.perf_counter()
         sample(row, params, geo.softcap, gen)
         t4 = time.perf_counter()

@@ -14,6 +14,7 @@ import torch
 
 from runtime.hostside import DTYPES
 from runtime.loader import load_artifact
+from runtime.sampling import argmax
 
 from ..reference import load_reference
 from .stats import ratio, summary
@@ -39,10 +40,10 @@ class Run:
 def ours(runner, ids: list[int], n: int) -> Run:
     """Greedy through ModelRunner exactly as the engine drives it: prefill, then one decode per token."""
     t0 = time.perf_counter()
-    tok = int(runner.prefill(0, ids).argmax())
+    tok = argmax(runner.prefill(0, ids))
     stamps, tokens = [time.perf_counter()], [tok]
     for _ in range(n - 1):
-        tok = int(runner.decode({0: tok})[0].argmax())
+        tok = argmax(runner.decode({0: tok})[0])
         stamps.append(time.perf_counter())
         tokens.append(tok)
     runner.free(0)

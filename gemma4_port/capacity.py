@@ -116,7 +116,7 @@ def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
     size = DTYPES[variant.dtype].itemsize
     ranks = range(variant.tp)
     return Footprint(
-        variant=variant, layout=neuron_layout(variant.tp, variant.prefill, variant.buckets),
+        variant=variant, layout=neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets),
         rank_weights=size * max(sizes.weights(variant.tp, r) for r in ranks),
         rank_kv=size * max(sizes.kv(variant.tp, r, variant.batch, variant.kv_max) for r in ranks),
         host_tables=size * sizes.host_tables(), whole_weights=size * sizes.weights(1, 0),

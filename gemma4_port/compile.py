@@ -7,11 +7,13 @@ import json
 import math
 import platform
 import shutil
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from runtime.artifact import (
     ARTIFACT_FORMAT, HOST_TABLES, ArtifactMeta, Geometry, Golden, Rope, sha256, write_meta,
@@ -65,7 +67,7 @@ def geometry(config, shard: ModelShard, variant: Variant) -> Geometry:
         kv_shapes=kv_shapes(shard, variant.batch, variant.kv_max),
         embed_scale=math.sqrt(shard.hidden), ple_scale=math.sqrt(shard.ple_dim) if shard.ple_dim else 1.0,
         softcap=config.final_logit_softcapping, dtype=variant.dtype, batch=variant.batch,
-        buckets=variant.buckets, kv_max=variant.kv_max, tp=variant.tp,
+        buckets=variant.buckets, kv_max=variant.kv_max, decode_buckets=variant.kv_buckets, tp=variant.tp,
         inputs={g: tuple(input_names(shard, g)) for g in ("prefill", "decode")},
     )
 
@@ -90,12 +92,13 @@ def host_tables(reader: CheckpointReader, geo: Geometry) -> _Tables:
     return _Tables(scaled_tables(reader.get("embed_tokens.weight"), ple, geo))
 
 
-def example_inputs(host: HostInputs, geo: Geometry, graph: str, bucket: int = 0):
+def example_inputs(host: HostInputs, geo: Geometry, graph: str, bucket: int):
+    """A prefill of `bucket` prompt positions, or a decode over `bucket` keys."""
     dtype = DTYPES[geo.dtype]
     kv = tuple(torch.zeros(s, dtype=dtype) for s in geo.kv_shapes)
     if graph == "prefill":
         return host.prefill([1] * max(1, bucket // 2), bucket, 0, kv)
-    return host.decode([1] * geo.batch, [bucket] * geo.batch, kv)
+    return host.decode([1] * geo.batch, [0] * geo.batch, kv, keys=bucket)
 
 
 def golden_prompts(tokenizer, max_len: int) -> list[tuple[str, list[int]]]:
@@ -165,18 +168,30 @@ def versions() -> dict[str, str]:
     return out
 
 
+def trace_quietly(trace, *args, **kwargs):
+    """torch.jit.trace / trace_module without check_trace, and without the warnings that each graph's
+    static shapes (a bucket is a Python constant in its graph, as intended) would print."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return trace(*args, check_trace=False, **kwargs)
+
+
 def trace_cpu(decoder: Gemma4Decoder, host: HostInputs, geo: Geometry, folder: Path, prefix: str = "") -> dict:
-    """TorchScript graphs: one prefill per bucket and one decode, each traced at its own shape."""
-    graphs = {}
-    jobs = [(f"prefill_{b}", PrefillGraph(decoder), example_inputs(host, geo, "prefill", b)) for b in geo.buckets]
-    jobs.append(("decode", DecodeGraph(decoder), example_inputs(host, geo, "decode")))
-    for name, module, inputs in jobs:
-        traced = torch.jit.trace(module.eval(), inputs, check_trace=False)
-        check_traced(traced, prefix + name, geo.vocab)
-        rel = f"graphs/{prefix}{name}.pt"
-        torch.jit.save(traced, str(folder / rel))
-        graphs[prefix + name] = rel
-    return graphs
+    """TorchScript graphs, one prefill per bucket and one decode per KV bucket, each traced at its own
+    shape, as methods of one module saved in one file: they share one copy of the weights in RAM."""
+    graphs = nn.Module()
+    graphs.prefill, graphs.decode = PrefillGraph(decoder).eval(), DecodeGraph(decoder).eval()
+    methods = {f"prefill_{b}": ("prefill", b) for b in geo.buckets} | {
+        f"decode_{t}": ("decode", t) for t in geo.decode_buckets}
+    for name, (graph, _) in methods.items():
+        setattr(graphs, name, getattr(graphs, graph).forward)  # trace_module traces methods by name
+    traced = trace_quietly(torch.jit.trace_module, graphs, {
+        name: example_inputs(host, geo, graph, bucket) for name, (graph, bucket) in methods.items()})
+    for name in methods:
+        check_traced(getattr(traced, name), prefix + name, geo.vocab)
+    rel = f"graphs/{prefix}graphs.pt"
+    torch.jit.save(traced, str(folder / rel))
+    return {prefix + name: rel for name in methods}
 
 
 @contextmanager

@@ -273,15 +273,18 @@ class Gemma4Decoder(nn.Module):
         return self.logits(h[:, 0]), new_kv
 
     def decode(self, h, ple, rope, masks, write, kv):
-        """One token for every slot.
+        """One token for every slot, attending over the first T cache positions (a decode bucket:
+        every busy slot's position is below T, so the rest of the cache is neither read nor rewritten).
 
-        h (B, 1, H); ple (B, 1, L, P) or None; rope {kind: (cos, sin) (B, 1, D)}; masks {kind: (B, 1, 1, K)};
-        write (B, K) one-hot of each slot's position (all zero for an idle slot); kv as in prefill.
+        h (B, 1, H); ple (B, 1, L, P) or None; rope {kind: (cos, sin) (B, 1, D)}; masks {kind: (B, 1, 1, T)};
+        write (B, T) one-hot of each slot's position (all zero for an idle slot); kv as in prefill.
         """
         if self.m.ple_dim:
             ple = self.project_ple(h, ple)
-        oh = write.view(write.shape[0], 1, write.shape[1], 1).to(kv[0].dtype)  # (B, 1, K, 1)
-        new_kv = list(kv)
+        B, T = write.shape
+        K = kv[0].shape[2]
+        oh = write.view(B, 1, T, 1).to(kv[0].dtype)  # (B, 1, T, 1)
+        window = [t[:, :, :T] for t in kv]  # (B, KVH, T, D)
         for layer in self.layers:
             s = layer.s
             cos, sin = rope[s.kind]
@@ -289,11 +292,13 @@ class Gemma4Decoder(nn.Module):
             q = layer.self_attn.query(x, cos, sin)
             if s.owns_cache:
                 k, v = layer.self_attn.key_value(x, cos, sin)  # (B, KVH, 1, D)
-                new_kv[2 * s.cache] = write_one_hot(new_kv[2 * s.cache], k, oh)
-                new_kv[2 * s.cache + 1] = write_one_hot(new_kv[2 * s.cache + 1], v, oh)
-            a = layer.self_attn.attend(q, new_kv[2 * s.cache], new_kv[2 * s.cache + 1], masks[s.kind])
+                window[2 * s.cache] = write_one_hot(window[2 * s.cache], k, oh)
+                window[2 * s.cache + 1] = write_one_hot(window[2 * s.cache + 1], v, oh)
+            a = layer.self_attn.attend(q, window[2 * s.cache], window[2 * s.cache + 1], masks[s.kind])
             h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.m.ple_dim else None)
-        return self.logits(h[:, 0]), new_kv
+        if T < K:  # the untouched tail goes back as it came: the outputs are whole buffers (aliased on the device)
+            window = [torch.cat((w, t[:, :, T:]), dim=2) for w, t in zip(window, kv)]  # (B, KVH, K, D)
+        return self.logits(h[:, 0]), window
 
 
 def kv_shapes(m: ModelShard, batch: int, kv_max: int) -> list[tuple[int, int, int, int]]:

@@ -29,7 +29,7 @@ from runtime.neuron_backend import HOST_KV, NeuronLayout, neuron_layout, signatu
 from runtime.versions import installed_versions, pin_problems, require
 
 from .checkpoint import CheckpointReader, cache_root
-from .compile import CompileError, _finish, _step, example_inputs, geometry, start_build
+from .compile import CompileError, _finish, _step, example_inputs, geometry, start_build, trace_quietly
 from .graphs import DecodeGraph, PrefillGraph
 from .lint import check_traced
 from .manifest import Manifest, Toolchain, Variant
@@ -58,9 +58,9 @@ class DeviceKV(nn.Module):
 
 
 def graph_of(name: str) -> tuple[str, int]:
-    """"prefill_128" -> ("prefill", 128); "decode" -> ("decode", 0)."""
+    """"prefill_128" -> ("prefill", 128); "decode_2048" -> ("decode", 2048): prompt positions or keys."""
     graph, _, bucket = name.partition("_")
-    return graph, int(bucket or 0)
+    return graph, int(bucket)
 
 
 def graph_inputs(host: HostInputs, geo, name: str) -> tuple[torch.Tensor, ...]:
@@ -267,7 +267,7 @@ class _Build:
             module = DeviceKV(GRAPHS[graph_of(name)[0]](decoder), self.geo.kv_shapes, self.dtype).eval()
             inputs = graph_inputs(self.host, self.geo, name)
             check_inputs(inputs, self.geo, name)
-            check_traced(torch.jit.trace(module, inputs, check_trace=False), name, self.geo.vocab)
+            check_traced(trace_quietly(torch.jit.trace, module, inputs), name, self.geo.vocab)
             out.append((name, module, inputs))
         return out
 
@@ -305,12 +305,12 @@ def _model_builder(b: _Build, jobs) -> dict[str, str]:
 def _parallel_trace(b: _Build, jobs) -> dict[str, str]:
     from neuronx_distributed.trace import parallel_model_save, parallel_model_trace
 
-    (name, _, inputs), = jobs  # decode alone
+    (name, _, inputs), = jobs  # one decode graph alone (the manifest refuses more with host prefill)
     model = parallel_model_trace(RankGraph(b.ckpt, b.config, b.variant, "decode", with_weights=True), inputs,
                                  tp_degree=b.variant.tp, compiler_workdir=str(b.workdir),
                                  compiler_args=b.compiler_args)
-    parallel_model_save(model, str(b.out / "graphs/decode"))
-    return {"decode": "graphs/decode"}
+    parallel_model_save(model, str(b.out / f"graphs/{name}"))
+    return {name: f"graphs/{name}"}
 
 
 def _host_prefill(b: _Build, whole: Gemma4Decoder, shards: list[ModelShard]) -> dict[str, str]:
@@ -331,7 +331,7 @@ BUILDERS = {"trace": _trace, "model_builder": _model_builder, "parallel_trace": 
 
 
 def compile_neuron(manifest: Manifest, variant: Variant, out: Path, progress=None) -> Path:
-    layout = neuron_layout(variant.tp, variant.prefill, variant.buckets)
+    layout = neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets)
     # neuronx-cc keys its cache by HLO hash: an unchanged graph is not compiled twice.
     os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(cache_root() / "neuron-compile-cache"))
     versions = load_sdk(manifest.toolchain, layout)  # before any work: a missing SDK fails at once

@@ -45,6 +45,7 @@ class Geometry(_Frozen):
     batch: int
     buckets: tuple[int, ...]
     kv_max: int
+    decode_buckets: tuple[int, ...]  # KV lengths of the decode graphs, the last = kv_max
     tp: int
     inputs: dict[str, tuple[str, ...]]  # graph -> input names, in call order
 
@@ -64,7 +65,7 @@ class ArtifactMeta(_Frozen):
     manifest: dict
     versions: dict[str, str]
     geometry: Geometry
-    graphs: dict[str, str]  # "prefill_16" / "decode" (and "rank{r}/..." under tp) -> relative path
+    graphs: dict[str, str]  # "prefill_16" / "decode_64" (and "rank{r}/..." under tp) -> relative path
     files: dict[str, str]  # relative path -> sha256
     golden: tuple[Golden, ...]
     eos_token_ids: tuple[int, ...]

@@ -18,10 +18,10 @@ class CpuBackend:
         """`prefix` picks one tensor-parallel rank's graphs ("rank1/"); its KV shapes are per rank."""
         geo = meta.geometry
         torch.set_grad_enabled(False)
-        self.graphs = {name.removeprefix(prefix): torch.jit.load(str(Path(folder) / rel), map_location="cpu")
-                       for name, rel in meta.graphs.items() if name.startswith(prefix)}
-        for g in self.graphs.values():
-            g.eval()
+        mine = {name.removeprefix(prefix): rel for name, rel in meta.graphs.items() if name.startswith(prefix)}
+        # The graphs are methods of one module per file, sharing its weights: load each file once.
+        modules = {rel: torch.jit.load(str(Path(folder) / rel), map_location="cpu").eval() for rel in set(mine.values())}
+        self.graphs = {name: getattr(modules[rel], name) for name, rel in mine.items()}
         self.kv_shapes = geo.kv_shapes
         self.dtype = DTYPES[geo.dtype]
         self.reset()
@@ -36,8 +36,8 @@ class CpuBackend:
     def prefill(self, bucket: int, inputs) -> torch.Tensor:
         return self._run(f"prefill_{bucket}", inputs)
 
-    def decode(self, inputs) -> torch.Tensor:
-        return self._run("decode", inputs)
+    def decode(self, keys: int, inputs) -> torch.Tensor:
+        return self._run(f"decode_{keys}", inputs)
 
     def close(self) -> None:
         self.graphs.clear()

@@ -59,14 +59,15 @@ class HostInputs:
         self.rope_names = [f"{part}_{kind}" for kind in geo.kinds for part in ("cos", "sin")]
         self.rope_widths = [t.shape[1] for t in rope]
         self.rope_rows = torch.cat(rope, dim=1)  # (K, sum of widths)
-        # Row p of a causal (or windowed) mask, and of the one-hot write at p, is the K-wide slice at
-        # offset K-1-p of a 2K strip; `unfold` views all K+1 slices without copying. Offset K (p = -1)
-        # is an idle slot's: it sees no key and writes nothing.
+        # Row p of a causal (or windowed) mask over T keys, and of the one-hot write at p, is the T-wide
+        # slice at offset K-1-p of a 2K strip; `unfold` views all those slices without copying, one
+        # view per decode bucket T. Offset K (p = -1) is an idle slot's: it sees no key, writes nothing.
         distance = (K - 1) - torch.arange(2 * K)  # strip index -> query position minus key position
         strips = [self._additive(self._visible(distance, kind)) for kind in geo.kinds]
         strips.append((distance == 0).to(self.dtype))
+        strips = torch.stack(strips, dim=1)  # (2K, kinds + 1)
         self.row_names = [f"mask_{kind}" for kind in geo.kinds] + ["write"]
-        self.row_bits = self._bits(torch.stack(strips, dim=1).unfold(0, K, 1))  # (K + 1, kinds + 1, K), a view
+        self.row_bits = {t: self._bits(strips.unfold(0, t, 1)) for t in geo.decode_buckets}  # (2K-T+1, kinds+1, T)
         self.rope_bits = self._bits(self.rope_rows)
         self.prefill_masks = {
             (kind, b): self._additive(self._visible(torch.arange(b)[:, None] - torch.arange(b), kind))[None, None]
@@ -132,17 +133,21 @@ class HostInputs:
         values["slot"] = torch.nn.functional.one_hot(torch.tensor(slot), self.geo.batch).to(self.dtype)  # (B,)
         return self._assemble("prefill", values, kv)
 
-    def decode(self, tokens: list[int | None], positions: list[int], kv=()) -> tuple[torch.Tensor, ...]:
-        """One token per slot; `None` marks an idle slot (it sees no key and writes nothing; its
-        output is never read). Four gathers in all: words, PLE, rope rows, mask-and-write rows."""
-        K, B = self.geo.kv_max, len(tokens)
+    def decode(self, tokens: list[int | None], positions: list[int], kv=(), keys: int | None = None
+               ) -> tuple[torch.Tensor, ...]:
+        """One token per slot, for the decode graph over the first `keys` cache positions (default:
+        all); `None` marks an idle slot (it sees no key and writes nothing; its output is never
+        read). Four gathers in all: words, PLE, rope rows, mask-and-write rows."""
+        K, B, T = self.geo.kv_max, len(tokens), keys or self.geo.kv_max
+        if T not in self.row_bits:
+            raise ValueError(f"{T} is not one of the decode buckets {self.geo.decode_buckets}")
         h, ple = self.embed([[t or 0] for t in tokens])  # ids (B, 1)
         values = {"hidden": h, "ple": ple}
         pos = [[p if t is not None else 0] for t, p in zip(tokens, positions)]  # (B, 1)
         self._with_rope(values, self._gather(self.rope_bits, pos))  # (B, 1, sum of widths)
         offset = [K - 1 - p if t is not None else K for t, p in zip(tokens, positions)]  # (B,)
-        rows = self._gather(self.row_bits, offset)  # (B, kinds + 1, K)
+        rows = self._gather(self.row_bits[T], offset)  # (B, kinds + 1, T)
         values.update(zip(self.row_names, rows.unbind(1)))
         for kind in self.geo.kinds:
-            values[f"mask_{kind}"] = values[f"mask_{kind}"].view(B, 1, 1, K)  # (B, 1, 1, K)
+            values[f"mask_{kind}"] = values[f"mask_{kind}"].view(B, 1, 1, T)  # (B, 1, 1, T)
         return self._assemble("decode", values, kv)

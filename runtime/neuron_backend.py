@@ -2,11 +2,11 @@
 
 Every variant has one layout, fixed by its `tp` and `prefill` (gemma4_port/neuron.py compiles it,
 gemma4_port/capacity.py budgets it):
-- `trace` (tp 1): one torch_neuronx.trace neff per graph (a prefill per bucket, and decode), each
+- `trace` (tp 1): one torch_neuronx.trace neff per graph (a prefill per bucket, a decode per KV bucket), each
   with its own inlined copy of the weights. The KV buffers are each graph's aliased state tensors,
   bound to the same device tensors on one core so that decode reads what prefill wrote.
-- `model_builder` (tp 2, device prefill): NxD ModelBuilder compiles the prefill buckets and decode
-  as one model that shares its weights and its aliased KV state; weights are per-rank safetensors.
+- `model_builder` (tp 2, device prefill): NxD ModelBuilder compiles the prefill buckets and the decode
+  buckets as one model that shares its weights and its aliased KV state; weights are per-rank safetensors.
 - `parallel_trace` (tp 2, host prefill): NxD parallel_model_trace of decode alone, KV aliased.
 With `prefill: host` the prompt runs through a CPU TorchScript prefill of the whole model and its
 KV is written into the device buffers, split per rank as the sharding plan says (HOST_KV).
@@ -35,7 +35,7 @@ START_RANK = torch.tensor([0], dtype=torch.int32)  # this process drives every r
 class NeuronLayout:
     builder: Literal["trace", "model_builder", "parallel_trace"]
     tp: int
-    device_graphs: tuple[str, ...]  # "prefill_<bucket>" ... "decode": what runs on the NeuronCores
+    device_graphs: tuple[str, ...]  # "prefill_<bucket>" ... "decode_<keys>" ...: what runs on the NeuronCores
     host_prefill: bool
 
     @property
@@ -50,9 +50,9 @@ class NeuronLayout:
         return {"trace": 1, "parallel_trace": self.tp, "model_builder": len(self.device_graphs)}[self.builder]
 
 
-def neuron_layout(tp: int, prefill: str, buckets: tuple[int, ...]) -> NeuronLayout:
+def neuron_layout(tp: int, prefill: str, buckets: tuple[int, ...], decode_buckets: tuple[int, ...]) -> NeuronLayout:
     host = prefill == "host"
-    graphs = (() if host else tuple(f"prefill_{b}" for b in buckets)) + ("decode",)
+    graphs = (() if host else tuple(f"prefill_{b}" for b in buckets)) + tuple(f"decode_{t}" for t in decode_buckets)
     builder = "trace" if tp == 1 else "parallel_trace" if host else "model_builder"
     return NeuronLayout(builder, tp, graphs, host)
 
@@ -64,10 +64,10 @@ def variant_settings(meta: ArtifactMeta) -> dict:
 def signature(geo: Geometry, graph: str, bucket: int = 0) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
     """Name, shape and dtype of each non-KV input of a graph, from the geometry alone: what the host
     builds, what the neff was compiled for, and what ModelBuilder routes a call by."""
-    B, K, S = geo.batch, geo.kv_max, bucket if graph == "prefill" else 1
-    rows, keys = (1, bucket) if graph == "prefill" else (B, K)
+    B, S = geo.batch, bucket if graph == "prefill" else 1
+    rows, keys = (1, bucket) if graph == "prefill" else (B, bucket)
     shapes = {"hidden": (rows, S, geo.hidden), "ple": (rows, S, geo.num_layers, geo.ple_dim),
-              "last": (1, S), "slot": (B,), "write": (B, K)}
+              "last": (1, S), "slot": (B,), "write": (B, keys)}
     for kind, rope in geo.rope.items():
         shapes[f"cos_{kind}"] = shapes[f"sin_{kind}"] = (rows, S, rope.head_dim)
         shapes[f"mask_{kind}"] = (rows, 1, S, keys)
@@ -131,7 +131,7 @@ class _TracedGraphs:
         self.graphs = {n: torch.jit.load(str(folder / meta.graphs[n])) for n in layout.device_graphs}
         for g in self.graphs.values():
             torch_neuronx.move_trace_to_device(g, 0)  # default placement is round-robin over the cores
-        self.states = [live_states(self.graphs["decode"])]
+        self.states = [live_states(self.graphs[layout.device_graphs[-1]])]
         for g in self.graphs.values():
             bind_states(g, self.states[0])
 
@@ -152,10 +152,12 @@ class _ParallelDecode:
         require("neuronx_distributed", "neuronx-distributed", meta.versions.get("neuronx-distributed"))
         from neuronx_distributed.trace import parallel_model_load
 
-        self.model = parallel_model_load(str(folder / meta.graphs["decode"]))
+        (name,) = layout.device_graphs  # one decode graph (the manifest refuses more with host prefill)
+        self.model = parallel_model_load(str(folder / meta.graphs[name]))
         # The first call loads the ranks onto their cores; only then are the states device tensors.
         # An idle step (no slot writes) leaves the zero-initialised KV as it was.
-        self.model(*(torch.zeros(shape, dtype=dtype) for _, shape, dtype in signature(meta.geometry, "decode")))
+        geo = meta.geometry
+        self.model(*(torch.zeros(shape, dtype=dtype) for _, shape, dtype in signature(geo, "decode", geo.kv_max)))
         self.states = [live_states(m) for m in self.model.models]
 
     def run(self, name: str, inputs) -> torch.Tensor:
@@ -225,7 +227,8 @@ class NeuronBackend:
         check_versions(meta.versions, installed_versions())  # before anything touches a NeuronCore
         torch.set_grad_enabled(False)
         folder = Path(folder)
-        self.layout = neuron_layout(meta.geometry.tp, variant_settings(meta)["prefill"], meta.geometry.buckets)
+        geo = meta.geometry
+        self.layout = neuron_layout(geo.tp, variant_settings(meta)["prefill"], geo.buckets, geo.decode_buckets)
         kind = {"trace": _TracedGraphs, "model_builder": _NxdModel, "parallel_trace": _ParallelDecode}
         self.device = kind[self.layout.builder](folder, meta, self.layout)
         self.host_prefill = _HostPrefill(folder, meta) if self.layout.host_prefill else None
@@ -235,8 +238,8 @@ class NeuronBackend:
             return self.host_prefill(bucket, inputs, self.device.states)
         return self.device.run(f"prefill_{bucket}", inputs)
 
-    def decode(self, inputs) -> torch.Tensor:
-        return self.device.run("decode", inputs)
+    def decode(self, keys: int, inputs) -> torch.Tensor:
+        return self.device.run(f"decode_{keys}", inputs)
 
     def reset(self) -> None:
         self.device.reset()

@@ -16,7 +16,7 @@ class Backend(Protocol):
     """Compiled graphs with device-resident KV state. Inputs come without KV tensors."""
 
     def prefill(self, bucket: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
-    def decode(self, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
+    def decode(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
     def reset(self) -> None: ...
     def close(self) -> None: ...
 
@@ -46,6 +46,10 @@ class ModelRunner:
                 return b
         raise PromptTooLong(f"prompt has {n} tokens; the largest prefill bucket is {self.max_prompt}")
 
+    def keys_for(self, position: int) -> int:
+        """The smallest decode bucket whose keys include `position` (below kv_max: checked by the caller)."""
+        return next(t for t in self.geo.decode_buckets if position < t)
+
     def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
         """Raw logits (V,) at the graph dtype after the prompt; the slot's old KV is wholly replaced."""
         bucket = self.bucket_for(len(ids))
@@ -64,7 +68,9 @@ class ModelRunner:
             if pos >= self.geo.kv_max:
                 raise ContextFull(f"slot {slot} reached kv_max={self.geo.kv_max}")
             row[slot] = tok
-        logits = self.backend.decode(self.host.decode(row, [p or 0 for p in self.positions]))
+        positions = [p or 0 for p in self.positions]
+        keys = self.keys_for(max(self.positions[slot] for slot in tokens))
+        logits = self.backend.decode(keys, self.host.decode(row, positions, keys=keys))
         for slot in tokens:
             self.positions[slot] += 1
         return {slot: logits[slot] for slot in tokens}

@@ -191,8 +191,8 @@ class CpuTensorParallelBackend:
     def prefill(self, bucket: int, inputs) -> torch.Tensor:
         return self.group.call("prefill", bucket, inputs)[0]
 
-    def decode(self, inputs) -> torch.Tensor:
-        return self.group.call("decode", inputs)[0]
+    def decode(self, keys: int, inputs) -> torch.Tensor:
+        return self.group.call("decode", keys, inputs)[0]
 
     def reset(self) -> None:
         self.group.call("reset")

@@ -65,5 +65,6 @@ def test_clean_arithmetic_passes():
 
 def test_the_real_graphs_pass(compiled):
     folder = compiled("tiny-e2b", "fp32")
-    for name in ("prefill_16", "decode"):
-        check_traced(torch.jit.load(str(folder / f"graphs/{name}.pt")), name, 1024)
+    graphs = torch.jit.load(str(folder / "graphs/graphs.pt"))
+    for name in ("prefill_16", "prefill_32", "decode_64"):
+        check_traced(getattr(graphs, name), name, 1024)

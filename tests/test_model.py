@@ -103,14 +103,36 @@ def test_every_module_tensor_is_mapped_and_layer_scalar_is_loaded():
 def test_graph_signatures_match_the_host_inputs():
     _, _, shard, geo, decoder, host = _setup("tiny-e2b", "b4")
     pre = example_inputs(host, geo, "prefill", 16)
-    dec = example_inputs(host, geo, "decode")
+    assert geo.decode_buckets == (32, 64)
+    dec = example_inputs(host, geo, "decode", 32)
     assert len(pre) == len(geo.inputs["prefill"]) and len(dec) == len(geo.inputs["decode"])
     named = dict(zip(geo.inputs["decode"], dec))
     assert named["hidden"].shape == (4, 1, geo.hidden)
     assert named["ple"].shape == (4, 1, geo.num_layers, geo.ple_dim)
-    assert named["write"].shape == (4, geo.kv_max)
-    assert named["mask_sliding"].shape == (4, 1, 1, geo.kv_max)
+    assert named["write"].shape == (4, 32)
+    assert named["mask_sliding"].shape == (4, 1, 1, 32)
+    assert named["kv0_k"].shape == geo.kv_shapes[0]  # the graph still takes (and returns) whole buffers
     assert dict(zip(geo.inputs["prefill"], pre))["slot"].shape == (4,)
+
+
+@torch.no_grad()
+def test_a_decode_bucket_computes_what_the_whole_cache_does():
+    """Below the bucket's T keys, attending over T and rewriting only them gives the same logits and
+    the same whole buffers as the kv_max graph (the tail comes back untouched)."""
+    *_, geo, decoder, host = _setup("tiny-e2b", "b4")
+    graph = DecodeGraph(decoder)
+    g = torch.Generator().manual_seed(0)
+    kv = [torch.randn(s, generator=g) for s in geo.kv_shapes]  # a used cache: every position non-zero
+    tokens, positions = [5, None, 700, 31], [3, 0, 31, 17]
+    small, *kv_small = graph(*host.decode(tokens, positions, kv, keys=32))
+    whole, *kv_whole = graph(*host.decode(tokens, positions, kv, keys=64))
+    busy = [0, 2, 3]
+    torch.testing.assert_close(small[busy], whole[busy], rtol=1e-5, atol=1e-5)
+    for a, b, old in zip(kv_small, kv_whole, kv):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert torch.equal(a[:, :, 32:], old[:, :, 32:])
+    with pytest.raises(ValueError, match="decode buckets"):
+        host.decode(tokens, positions, kv, keys=48)
 
 
 def test_decode_inputs_are_the_rows_of_their_definition():

@@ -128,20 +128,21 @@ def test_nxd_layers_of_each_rank_match_the_sharding_plan(name):
                                           ("tiny-12b", "tp2")])
 def test_example_inputs_match_the_graph_signatures(name, variant):
     folder, config, reader, v, geo, host = _tiny(name, variant)
-    layout = neuron_layout(v.tp, v.prefill, v.buckets)
+    layout = neuron_layout(v.tp, v.prefill, v.buckets, v.kv_buckets)
     routes = set()
     for graph in layout.device_graphs:
         inputs = graph_inputs(host, geo, graph)
         check_inputs(inputs, geo, graph)
         kind = graph.partition("_")[0]
-        assert [n for n, _, _ in signature(geo, kind, int(graph.partition("_")[2] or 0))] == [
+        assert [n for n, _, _ in signature(geo, kind, int(graph.partition("_")[2]))] == [
             n for n in geo.inputs[kind] if not n.startswith("kv")]
         routes.add(str([t.shape for t in inputs]))
     assert len(routes) == len(layout.device_graphs)  # ModelBuilder routes each call by its input shapes
-    bad = list(graph_inputs(host, geo, "decode"))
+    decode = f"decode_{geo.kv_max}"
+    bad = list(graph_inputs(host, geo, decode))
     bad[0] = bad[0][:, :, :-1]
     with pytest.raises(CompileError, match="hidden"):
-        check_inputs(bad, geo, "decode")
+        check_inputs(bad, geo, decode)
 
 
 def test_modelbuilder_checkpoint_keys_are_the_modules_weights():
@@ -213,14 +214,14 @@ def test_traced_graphs_bound_to_one_state_share_it():
 
 
 def test_layouts_pick_the_sdk_call_and_the_weight_copies():
-    trace = neuron_layout(1, "device", (128, 512))
+    trace = neuron_layout(1, "device", (128, 512), (512, 2048))
     assert (trace.builder, trace.device_graphs, trace.weight_copies, trace.compile_jobs) == (
-        "trace", ("prefill_128", "prefill_512", "decode"), 3, 1)
-    builder = neuron_layout(2, "device", (128, 512))
-    assert (builder.builder, builder.weight_copies, builder.compile_jobs) == ("model_builder", 1, 3)
-    alias = neuron_layout(2, "host", (512,))
+        "trace", ("prefill_128", "prefill_512", "decode_512", "decode_2048"), 4, 1)
+    builder = neuron_layout(2, "device", (128, 512), (512, 2048))
+    assert (builder.builder, builder.weight_copies, builder.compile_jobs) == ("model_builder", 1, 4)
+    alias = neuron_layout(2, "host", (512,), (2048,))
     assert (alias.builder, alias.device_graphs, alias.host_prefill, alias.compile_jobs) == (
-        "parallel_trace", ("decode",), True, 2)
+        "parallel_trace", ("decode_2048",), True, 2)
 
 
 # -- the SDK check at compile, the version check at load ------------------------------------------

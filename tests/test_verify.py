@@ -97,7 +97,7 @@ def artifact_copy(compiled, tmp_path):
     return dst
 
 
-@pytest.mark.parametrize("rel", ["host/tables.safetensors", "graphs/decode.pt", "tokenizer/tokenizer.json"])
+@pytest.mark.parametrize("rel", ["host/tables.safetensors", "graphs/graphs.pt", "tokenizer/tokenizer.json"])
 def test_a_corrupted_file_fails_verify_naming_it(artifact_copy, rel):
     path = artifact_copy / rel
     data = bytearray(path.read_bytes())
@@ -169,3 +169,15 @@ def test_cli_errors_are_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.startswith(f"error: {bad}: ") and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, str(ROOT / "build.py"), "verify", str(tmp_path)], capture_output=True, text=True)
     assert r.returncode == 2 and "artifact.json is missing" in r.stderr
+
+
+def test_cpu_graphs_are_methods_of_one_module_sharing_one_copy_of_the_weights(compiled):
+    folder = compiled("tiny-e2b", "b4")
+    meta = load_meta(folder)
+    assert set(meta.graphs) == {"prefill_16", "prefill_32", "decode_32", "decode_64"}
+    assert set(meta.graphs.values()) == {"graphs/graphs.pt"}
+    state = torch.jit.load(str(folder / "graphs/graphs.pt")).state_dict()
+    weight = "decoder.layers.0.mlp.up_proj.weight"
+    assert state[f"prefill.{weight}"].data_ptr() == state[f"decode.{weight}"].data_ptr()
+    checkpoint = (Path(meta.checkpoint) / "model.safetensors").stat().st_size
+    assert (folder / "graphs/graphs.pt").stat().st_size < 1.2 * checkpoint  # one copy, not one per graph

@@ -37,7 +37,7 @@ print(json.dumps({{"rss": psutil.Process().memory_info().rss, "peak_rss": vm_hwm
 
 def artifact_bytes(folder: Path, meta: ArtifactMeta) -> dict[str, int]:
     return {"host_tables": (folder / HOST_TABLES).stat().st_size,
-            "graph_files": sum((folder / rel).stat().st_size for rel in meta.graphs.values())}
+            "graph_files": sum((folder / rel).stat().st_size for rel in set(meta.graphs.values()))}
 
 
 def checkpoint_bytes(ckpt: Path) -> int:

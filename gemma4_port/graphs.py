@@ -10,13 +10,19 @@ from .model import Gemma4Decoder, kinds_present
 
 
 def input_names(m, graph: str) -> list[str]:
-    kinds = kinds_present(m)
-    names = ["hidden"] + (["ple"] if m.ple_dim else [])
-    names += [f"{part}_{k}" for k in kinds for part in ("cos", "sin")]
-    names += [f"mask_{k}" for k in kinds]
-    names += ["last", "slot"] if graph == "prefill" else ["write"]
+    """Few inputs, packed on the host: each is one copy to the device and one small torch op here.
+    rope (B, S, sum over kinds of 2D): cos then sin per kind; prefill masks (1, kinds, S, S);
+    decode rows (B, kinds + 1, T): a mask row per kind, then the one-hot write."""
+    names = ["hidden"] + (["ple"] if m.ple_dim else []) + ["rope"]
+    names += ["masks", "last", "slot"] if graph == "prefill" else ["rows"]
     names += [f"kv{c}_{kv}" for c in range(len(m.cache_layers)) for kv in ("k", "v")]
     return names
+
+
+def rope_widths(m) -> dict[str, int]:
+    """Head dim per attention kind, in `kinds_present` order: the layout of the packed rope input."""
+    dims = {s.kind: s.head_dim for s in m.layers}
+    return {k: dims[k] for k in kinds_present(m)}
 
 
 class _FlatGraph(nn.Module):
@@ -26,23 +32,26 @@ class _FlatGraph(nn.Module):
         super().__init__()
         self.decoder = decoder
         self.names = input_names(decoder.m, self.graph)
-        self.kinds = kinds_present(decoder.m)
+        self.widths = rope_widths(decoder.m)
 
     def _unpack(self, args):
         if len(args) != len(self.names):
             raise TypeError(f"{self.graph} takes {len(self.names)} inputs {self.names}, got {len(args)}")
         a = dict(zip(self.names, args))
-        rope = {k: (a[f"cos_{k}"], a[f"sin_{k}"]) for k in self.kinds}
-        masks = {k: a[f"mask_{k}"] for k in self.kinds}
+        rope, start = {}, 0
+        for kind, d in self.widths.items():
+            rope[kind] = (a["rope"][..., start:start + d], a["rope"][..., start + d:start + 2 * d])  # (B, S, D) x 2
+            start += 2 * d
         kv = [a[n] for n in self.names if n.startswith("kv")]
-        return a, rope, masks, kv
+        return a, rope, kv
 
 
 class PrefillGraph(_FlatGraph):
     graph = "prefill"
 
     def forward(self, *args):
-        a, rope, masks, kv = self._unpack(args)
+        a, rope, kv = self._unpack(args)
+        masks = {k: a["masks"][:, i:i + 1] for i, k in enumerate(self.widths)}  # (1, 1, S, S)
         logits, new_kv = self.decoder.prefill(a["hidden"], a.get("ple"), rope, masks, a["last"], a["slot"], kv)
         return (logits, *new_kv)
 
@@ -51,6 +60,8 @@ class DecodeGraph(_FlatGraph):
     graph = "decode"
 
     def forward(self, *args):
-        a, rope, masks, kv = self._unpack(args)
-        logits, new_kv = self.decoder.decode(a["hidden"], a.get("ple"), rope, masks, a["write"], kv)
+        a, rope, kv = self._unpack(args)
+        rows = a["rows"]  # (B, kinds + 1, T)
+        masks = {k: rows[:, i:i + 1].unsqueeze(1) for i, k in enumerate(self.widths)}  # (B, 1, 1, T)
+        logits, new_kv = self.decoder.decode(a["hidden"], a.get("ple"), rope, masks, rows[:, -1], kv)
         return (logits, *new_kv)

@@ -54,24 +54,23 @@ class HostInputs:
         self.embed_bits = self._bits(tables.embed)  # (V, H)
         self.ple_bits = self._bits(tables.ple) if geo.ple_dim else None  # (V, L*P)
         K = geo.kv_max
-        # Every rotary input of position p, side by side in row p: one lookup per step, split into views.
+        # Row p: every rotary input of position p, as the graphs' packed `rope` input takes it.
         rope = [part for kind in geo.kinds for part in self._rope(torch.arange(K), kind)]
-        self.rope_names = [f"{part}_{kind}" for kind in geo.kinds for part in ("cos", "sin")]
-        self.rope_widths = [t.shape[1] for t in rope]
-        self.rope_rows = torch.cat(rope, dim=1)  # (K, sum of widths)
+        self.rope_rows = torch.cat(rope, dim=1)  # (K, sum over kinds of 2D)
         # Row p of a causal (or windowed) mask over T keys, and of the one-hot write at p, is the T-wide
         # slice at offset K-1-p of a 2K strip; `unfold` views all those slices without copying, one
         # view per decode bucket T. Offset K (p = -1) is an idle slot's: it sees no key, writes nothing.
         distance = (K - 1) - torch.arange(2 * K)  # strip index -> query position minus key position
         strips = [self._additive(self._visible(distance, kind)) for kind in geo.kinds]
         strips.append((distance == 0).to(self.dtype))
-        strips = torch.stack(strips, dim=1)  # (2K, kinds + 1)
-        self.row_names = [f"mask_{kind}" for kind in geo.kinds] + ["write"]
-        self.row_bits = {t: self._bits(strips.unfold(0, t, 1)) for t in geo.decode_buckets}  # (2K-T+1, kinds+1, T)
+        strips = torch.stack(strips)  # (kinds + 1, 2K): each slice's T values adjacent, so a gather is contiguous
+        self.row_bits = {t: self._bits(strips.unfold(1, t, 1).permute(1, 0, 2))  # (2K-T+1, kinds + 1, T)
+                         for t in geo.decode_buckets}
         self.rope_bits = self._bits(self.rope_rows)
-        self.prefill_masks = {
-            (kind, b): self._additive(self._visible(torch.arange(b)[:, None] - torch.arange(b), kind))[None, None]
-            for kind in geo.kinds for b in geo.buckets}  # (1, 1, S, S)
+        self.prefill_masks = {b: torch.stack([
+            self._additive(self._visible(torch.arange(b)[:, None] - torch.arange(b), kind)) for kind in geo.kinds
+        ])[None] for b in geo.buckets}  # (1, kinds, S, S)
+        self.order = {g: [n for n in geo.inputs[g] if not n.startswith("kv")] for g in ("prefill", "decode")}
 
     def _rope(self, positions: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (N,) -> cos, sin (N, D) at the graph dtype."""
@@ -108,15 +107,9 @@ class HostInputs:
         ple = self._gather(self.ple_bits, ids)  # (B, S, L*P)
         return h, ple.view(*ids.shape, self.geo.num_layers, self.geo.ple_dim)  # (B, S, L, P)
 
-    def _with_rope(self, values: dict[str, torch.Tensor], rows: torch.Tensor) -> None:
-        """rows (B, S, sum of widths) of the rope table -> cos_/sin_ inputs (B, S, D), views."""
-        values.update(zip(self.rope_names, rows.split(self.rope_widths, dim=-1)))
-
     def _assemble(self, graph: str, values: dict[str, torch.Tensor], kv=()) -> tuple[torch.Tensor, ...]:
-        """The graph's inputs in its traced order, each contiguous (a device copy must not see strides)."""
-        names = self.geo.inputs[graph]
-        ins = (values[n] for n in names if not n.startswith("kv"))
-        return tuple(t if t.is_contiguous() else t.contiguous() for t in ins) + tuple(kv)
+        """The graph's inputs in its traced order (each is contiguous: fresh gathers or leading rows)."""
+        return tuple(values[n] for n in self.order[graph]) + tuple(kv)
 
     def prefill(self, ids: list[int], bucket: int, slot: int, kv=()) -> tuple[torch.Tensor, ...]:
         """A prompt right-padded to `bucket`, written into `slot` from position 0."""
@@ -126,9 +119,7 @@ class HostInputs:
         if bucket not in self.geo.buckets:
             raise ValueError(f"{bucket} is not one of the prefill buckets {self.geo.buckets}")
         h, ple = self.embed([list(ids) + [0] * (bucket - n)])  # ids (1, S)
-        values = {"hidden": h, "ple": ple}
-        self._with_rope(values, self.rope_rows[None, :bucket])  # (1, S, sum of widths)
-        values.update({f"mask_{kind}": self.prefill_masks[kind, bucket] for kind in self.geo.kinds})
+        values = {"hidden": h, "ple": ple, "rope": self.rope_rows[None, :bucket], "masks": self.prefill_masks[bucket]}
         values["last"] = torch.nn.functional.one_hot(torch.tensor([n - 1]), bucket).to(self.dtype)  # (1, S)
         values["slot"] = torch.nn.functional.one_hot(torch.tensor(slot), self.geo.batch).to(self.dtype)  # (B,)
         return self._assemble("prefill", values, kv)
@@ -137,17 +128,13 @@ class HostInputs:
                ) -> tuple[torch.Tensor, ...]:
         """One token per slot, for the decode graph over the first `keys` cache positions (default:
         all); `None` marks an idle slot (it sees no key and writes nothing; its output is never
-        read). Four gathers in all: words, PLE, rope rows, mask-and-write rows."""
-        K, B, T = self.geo.kv_max, len(tokens), keys or self.geo.kv_max
+        read). Four gathers in all: words, PLE, rope rows, mask-and-write rows; nothing else."""
+        K, T = self.geo.kv_max, keys or self.geo.kv_max
         if T not in self.row_bits:
             raise ValueError(f"{T} is not one of the decode buckets {self.geo.decode_buckets}")
         h, ple = self.embed([[t or 0] for t in tokens])  # ids (B, 1)
-        values = {"hidden": h, "ple": ple}
         pos = [[p if t is not None else 0] for t, p in zip(tokens, positions)]  # (B, 1)
-        self._with_rope(values, self._gather(self.rope_bits, pos))  # (B, 1, sum of widths)
         offset = [K - 1 - p if t is not None else K for t, p in zip(tokens, positions)]  # (B,)
-        rows = self._gather(self.row_bits[T], offset)  # (B, kinds + 1, T)
-        values.update(zip(self.row_names, rows.unbind(1)))
-        for kind in self.geo.kinds:
-            values[f"mask_{kind}"] = values[f"mask_{kind}"].view(B, 1, 1, T)  # (B, 1, 1, T)
+        values = {"hidden": h, "ple": ple, "rope": self._gather(self.rope_bits, pos),  # rope (B, 1, 2D per kind)
+                  "rows": self._gather(self.row_bits[T], offset)}  # (B, kinds + 1, T)
         return self._assemble("decode", values, kv)

@@ -61,16 +61,15 @@ def variant_settings(meta: ArtifactMeta) -> dict:
     return next(v for v in meta.manifest["variants"] if v["name"] == meta.variant)
 
 
-def signature(geo: Geometry, graph: str, bucket: int = 0) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-    """Name, shape and dtype of each non-KV input of a graph, from the geometry alone: what the host
-    builds, what the neff was compiled for, and what ModelBuilder routes a call by."""
-    B, S = geo.batch, bucket if graph == "prefill" else 1
-    rows, keys = (1, bucket) if graph == "prefill" else (B, bucket)
+def signature(geo: Geometry, graph: str, bucket: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """Name, shape and dtype of each non-KV input of a graph (a prefill of `bucket` positions, a decode
+    over `bucket` keys), from the geometry alone: what the host builds, what the neff was compiled
+    for, and what ModelBuilder routes a call by."""
+    B, S, kinds = geo.batch, bucket if graph == "prefill" else 1, len(geo.kinds)
+    rows = 1 if graph == "prefill" else B
     shapes = {"hidden": (rows, S, geo.hidden), "ple": (rows, S, geo.num_layers, geo.ple_dim),
-              "last": (1, S), "slot": (B,), "write": (B, keys)}
-    for kind, rope in geo.rope.items():
-        shapes[f"cos_{kind}"] = shapes[f"sin_{kind}"] = (rows, S, rope.head_dim)
-        shapes[f"mask_{kind}"] = (rows, 1, S, keys)
+              "rope": (rows, S, sum(2 * r.head_dim for r in geo.rope.values())),
+              "masks": (1, kinds, S, S), "last": (1, S), "slot": (B,), "rows": (B, kinds + 1, bucket)}
     dtype = DTYPES[geo.dtype]
     return [(n, shapes[n], dtype) for n in geo.inputs[graph] if not n.startswith("kv")]
 

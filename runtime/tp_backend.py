@@ -10,6 +10,7 @@ lm_head is replicated, so every rank computes all of them.
 from __future__ import annotations
 
 import os
+import pickle
 import time
 import traceback
 from datetime import timedelta
@@ -48,6 +49,17 @@ class TensorParallelError(RuntimeError):
     pass
 
 
+def _send(conn, message) -> None:
+    """Tensors travel by value. Connection.send would pickle them with torch's multiprocessing
+    reductions, which move each tensor's storage into shared memory in place, on the sender: a
+    host table sent as a view would move under the numpy views that gather from it."""
+    conn.send_bytes(pickle.dumps(message))
+
+
+def _recv(conn):
+    return pickle.loads(conn.recv_bytes())
+
+
 def _rank_main(rank: int, tp: int, port: int, conn, factory, args: tuple, timeout: float) -> None:
     """A rank process: join the gloo group, build the actor, answer calls until told to stop."""
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"  # ranks talk over loopback only, whatever the hostname resolves to
@@ -57,18 +69,18 @@ def _rank_main(rank: int, tp: int, port: int, conn, factory, args: tuple, timeou
         store = dist.TCPStore(LOOPBACK, port, is_master=False, timeout=timedelta(seconds=timeout))
         dist.init_process_group("gloo", store=store, rank=rank, world_size=tp, timeout=timedelta(seconds=timeout))
         actor = factory(rank, tp, *args)
-        conn.send(("ok", None))
+        _send(conn, ("ok", None))
         while True:
             try:
-                method, call_args = conn.recv()
+                method, call_args = _recv(conn)
             except EOFError:  # the driver is gone
                 return
             if method is None:
                 return
-            conn.send(("ok", getattr(actor, method)(*call_args)))
+            _send(conn, ("ok", getattr(actor, method)(*call_args)))
     except Exception as exc:
         traceback.print_exc()
-        conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        _send(conn, ("error", f"{type(exc).__name__}: {exc}"))
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -107,7 +119,7 @@ class RankGroup:
             raise TensorParallelError(f"cannot call {method}: the tensor-parallel ranks are shut down")
         for rank, conn in enumerate(self._conns):
             try:
-                conn.send((method, args))
+                _send(conn, (method, args))
             except OSError:  # a broken pipe: the process is gone
                 self._fail(self._died(rank, method))
         return self._gather(method)
@@ -125,7 +137,7 @@ class RankGroup:
             for rank, conn in list(pending.items()):
                 if conn.poll():
                     try:
-                        status, value = conn.recv()
+                        status, value = _recv(conn)
                     except (EOFError, OSError):  # closed or reset without an answer: the process died
                         died.append(rank)
                         continue
@@ -157,7 +169,7 @@ class RankGroup:
         for conn, proc in zip(self._conns, self._procs):
             if proc.is_alive():
                 try:
-                    conn.send((None, ()))
+                    _send(conn, (None, ()))
                 except OSError:
                     pass
         for proc in self._procs:

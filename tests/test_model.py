@@ -109,10 +109,11 @@ def test_graph_signatures_match_the_host_inputs():
     named = dict(zip(geo.inputs["decode"], dec))
     assert named["hidden"].shape == (4, 1, geo.hidden)
     assert named["ple"].shape == (4, 1, geo.num_layers, geo.ple_dim)
-    assert named["write"].shape == (4, 32)
-    assert named["mask_sliding"].shape == (4, 1, 1, 32)
+    assert named["rope"].shape == (4, 1, sum(2 * r.head_dim for r in geo.rope.values()))
+    assert named["rows"].shape == (4, len(geo.kinds) + 1, 32)  # a mask row per kind, then the write
     assert named["kv0_k"].shape == geo.kv_shapes[0]  # the graph still takes (and returns) whole buffers
-    assert dict(zip(geo.inputs["prefill"], pre))["slot"].shape == (4,)
+    named = dict(zip(geo.inputs["prefill"], pre))
+    assert named["slot"].shape == (4,) and named["masks"].shape == (1, len(geo.kinds), 16, 16)
 
 
 @torch.no_grad()
@@ -142,17 +143,22 @@ def test_decode_inputs_are_the_rows_of_their_definition():
     K, W = geo.kv_max, geo.sliding_window
     positions = [0, W, K - 1, 5]
     named = dict(zip(geo.inputs["decode"], host.decode([7, 8, 9, None], positions)))
-    keys = torch.arange(K)
+    keys, rows, rope = torch.arange(K), named["rows"], named["rope"]
     for slot, p in enumerate(positions[:3]):
-        assert torch.equal(named["write"][slot], (keys == p).to(host.dtype))
-        for kind in geo.kinds:
+        assert torch.equal(rows[slot, -1], (keys == p).to(host.dtype))
+        start = 0
+        for i, kind in enumerate(geo.kinds):
             visible = (keys <= p) & ((keys > p - W) if kind == "sliding" else True)
-            assert torch.equal(named[f"mask_{kind}"][slot, 0, 0] == 0, visible), (kind, p)
+            assert torch.equal(rows[slot, i] == 0, visible), (kind, p)
             inv = torch.tensor(geo.rope[kind].inv_freq)
-            assert torch.equal(named[f"cos_{kind}"][slot, 0], torch.cat((p * inv, p * inv)).cos().to(host.dtype))
-    assert not named["write"][3].any()
-    assert not (named["mask_full"][3] == 0).any()
+            angles = torch.cat((p * inv, p * inv))
+            d = geo.rope[kind].head_dim
+            assert torch.equal(rope[slot, 0, start:start + d], angles.cos().to(host.dtype))
+            assert torch.equal(rope[slot, 0, start + d:start + 2 * d], angles.sin().to(host.dtype))
+            start += 2 * d
+    assert not rows[3, -1].any() and not (rows[3, :-1] == 0).any()
     assert all(t.is_contiguous() for t in named.values())
     pre = dict(zip(geo.inputs["prefill"], host.prefill([1, 2, 3], 16, 2)))
     q, k = torch.arange(16)[:, None], torch.arange(16)
-    assert torch.equal(pre["mask_sliding"][0, 0] == 0, (k <= q) & (k > q - W))
+    assert torch.equal(pre["masks"][0, geo.kinds.index("sliding")] == 0, (k <= q) & (k > q - W))
+    assert torch.equal(pre["masks"][0, geo.kinds.index("full")] == 0, k <= q)

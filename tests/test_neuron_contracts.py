@@ -67,11 +67,8 @@ def test_alias_map_points_each_kv_parameter_at_the_output_that_updates_it(name):
     out = module(*inputs)
     aliases = module.aliases()
     assert sorted(aliases.values()) == list(range(1, len(out)))  # every output but the logits is a buffer's update
-    # What the functional decoder computes for each buffer, with the same inputs and cache.
-    a = dict(zip(geo.inputs["decode"], inputs))
-    rope = {k: (a[f"cos_{k}"], a[f"sin_{k}"]) for k in geo.kinds}
-    masks = {k: a[f"mask_{k}"] for k in geo.kinds}
-    _, expected = decoder.decode(a["hidden"], a.get("ple"), rope, masks, a["write"], old)
+    # What the functional graph computes for each buffer, with the same inputs and cache passed in.
+    _, *expected = DecodeGraph(decoder)(*inputs, *old)
     for i, p in enumerate(module.kv):
         new = out[aliases[p]]
         assert torch.equal(new, expected[i])

@@ -163,6 +163,23 @@ class Flaky:
         if self.rank == rank:
             raise ValueError("this rank is broken")
 
+    def total(self, t):
+        return float(t.sum())
+
+
+def test_a_call_sends_tensors_by_value_and_leaves_the_callers_alone():
+    """The host sends views of its tables (prefill's rope rows) while numpy views gather from them:
+    the send must not move their storage into shared memory."""
+    table = torch.arange(12.0).view(3, 4)
+    bits = table.view(torch.int32).numpy()
+    group = RankGroup(2, Flaky)
+    try:
+        assert group.call("total", table[:2]) == [28.0, 28.0]
+    finally:
+        group.close()
+    assert not table.is_shared()
+    assert bits.ctypes.data == table.data_ptr()
+
 
 def test_a_stalled_rank_times_out_and_the_group_shuts_down():
     group = RankGroup(2, Flaky, timeout=60)

@@ -171,7 +171,8 @@ def fixes(sizes: ModelSizes, fp: Footprint) -> list[str]:
             out.append(f"{text} -> {gib(other.per_core)} GiB per core")
     kv_max = largest_kv_max(sizes, fp)
     if kv_max:
-        out.append(f"kv_max: {kv_max} (or less) -> the KV fits beside the weights")
+        buckets = f", decode_buckets ending at {kv_max}" if v.decode_buckets else ""
+        out.append(f"kv_max: {kv_max} (or less{buckets}) -> the KV fits beside the weights")
     return out
 
 

@@ -60,6 +60,16 @@ def test_e2b_fits_one_core_with_both_graphs_in_bf16_not_in_fp32(real):
         assert fixes(sizes, fp32)[0].startswith("dtype: bfloat16")
 
 
+def test_each_decode_bucket_costs_a_weight_copy_under_trace_and_none_under_model_builder(real):
+    one, _ = plan(real, "e2b", "512-128")
+    two, _ = plan(real, "e2b", "512-128", decode_buckets=(512, 2048))
+    assert two.layout.weight_copies == one.layout.weight_copies + 1
+    assert two.per_core - one.per_core == 2 * DEVICE["e2b"][0]  # one more bf16 copy of the device weights
+    assert not two.fits_core  # E2B: three graphs fit a core, four do not
+    shared, _ = plan(real, "e4b", "tp2-2048", decode_buckets=(512, 2048))
+    assert shared.layout.weight_copies == 1 and shared.per_core == plan(real, "e4b", "tp2-2048")[0].per_core
+
+
 def test_e4b_does_not_fit_one_core_but_fits_at_tp2(real):
     tp1, sizes = plan(real, "e4b", "tp1-2048")
     assert not tp1.fits_core

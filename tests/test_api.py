@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 import time
 
 import pytest
@@ -178,12 +179,17 @@ def test_api_key(settings, engine):
         assert keyed.get(open_path).status_code == 200
 
 
-def test_full_queue_answers_503_with_retry_after(client, engine):
+def test_full_queue_answers_503_with_retry_after(client, engine, monkeypatch):
+    # The running job's decode steps wait at a gate: a tiny model would otherwise finish its 40 tokens,
+    # and free the queue, before the third request arrives.
+    gate, decode = threading.Event(), engine.model.runner.decode
+    monkeypatch.setattr(engine.model.runner, "decode", lambda tokens: gate.wait(30) and decode(tokens))
     # Chat streams: their first chunk (the role) comes at once, so the test client returns at once.
     body = {"model": MODEL, "messages": HI, "max_tokens": 40, "stream": True}
     running = client.post(CHAT, json=body, buffered=False)  # in the slot
     waiting = client.post(CHAT, json=body, buffered=False)  # in the queue (size 1)
     refused = client.post(CHAT, json=body)
+    gate.set()
     err = assert_error(refused, 503, code="queue_full")
     assert refused.headers["Retry-After"] == "1" and "retry" in err["message"]
     for resp in (running, waiting):

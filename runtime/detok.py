@@ -9,8 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-REPLACEMENT = "\ufffd"
-
 
 class Detokenizer:
     """Incremental decoding that never splits a character: `tokenizers`' DecodeStream (it decodes

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +16,7 @@ import openai
 import pytest
 import requests
 
+from gemma4_port.bench.server import free_port
 from gemma4_port.reference import load_reference, reference_greedy
 from runtime.artifact import load_meta
 from runtime.tokenizer import load_tokenizer
@@ -26,12 +26,6 @@ KEY = "e2e-secret"
 MODEL = "tiny-e2b"
 STEPS = 12
 CHATS = ("Write a haiku.", "Capital of Italy?")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class Server:

@@ -87,9 +87,17 @@ class _Tables:
         return self.blobs.get("embed_tokens_per_layer_scaled")
 
 
-def host_tables(reader: CheckpointReader, geo: Geometry) -> _Tables:
-    ple = reader.get("embed_tokens_per_layer.weight") if geo.ple_dim else None
-    return _Tables(scaled_tables(reader.get("embed_tokens.weight"), ple, geo))
+EXAMPLE_TOKEN = 1  # the only id the trace's example inputs look up
+
+
+def host_tables(reader: CheckpointReader, geo: Geometry, rows: int | None = None) -> _Tables:
+    """The scaled host tables; with `rows`, only their first rows (enough for the example inputs of
+    a tp rank's trace, which would otherwise hold a whole vocabulary-sized copy per rank)."""
+    def read(key: str) -> torch.Tensor:
+        return reader.get(key) if rows is None else reader.get_slice(key, 0, 0, rows)
+
+    ple = read("embed_tokens_per_layer.weight") if geo.ple_dim else None
+    return _Tables(scaled_tables(read("embed_tokens.weight"), ple, geo))
 
 
 def example_inputs(host: HostInputs, geo: Geometry, graph: str, bucket: int):
@@ -97,8 +105,8 @@ def example_inputs(host: HostInputs, geo: Geometry, graph: str, bucket: int):
     dtype = DTYPES[geo.dtype]
     kv = tuple(torch.zeros(s, dtype=dtype) for s in geo.kv_shapes)
     if graph == "prefill":
-        return host.prefill([1] * max(1, bucket // 2), bucket, 0, kv)
-    return host.decode([1] * geo.batch, [0] * geo.batch, kv, keys=bucket)
+        return host.prefill([EXAMPLE_TOKEN] * max(1, bucket // 2), bucket, 0, kv)
+    return host.decode([EXAMPLE_TOKEN] * geo.batch, [0] * geo.batch, kv, keys=bucket)
 
 
 def golden_prompts(tokenizer, max_len: int) -> list[tuple[str, list[int]]]:

@@ -3,7 +3,8 @@
 The ranks run as processes in one gloo group (runtime.tp_backend.RankGroup). Each builds the
 decoder of its shard only, loads only its slices of the checkpoint, and traces its prefill and
 decode graphs with the all-reduce inside them; the traces run in lockstep because each one
-executes its all-reduces. Host tables, inputs and golden tokens are those of tp 1: replicated.
+executes its all-reduces. Host tables, inputs and golden tokens are those of tp 1: replicated
+(a rank reads only the table rows its example inputs look up).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from runtime.hostside import DTYPES, HostInputs
 from runtime.tp_backend import RankGroup, all_reduce
 
 from .checkpoint import CheckpointReader
-from .compile import _finish, _step, host_tables, start_build, trace_cpu
+from .compile import EXAMPLE_TOKEN, _finish, _step, host_tables, start_build, trace_cpu
 from .manifest import Manifest, Variant
 from .model import Gemma4Decoder
 from .sharding import ModelShard
@@ -29,7 +30,7 @@ class _RankTracer:
         self.rank, self.geo = rank, geo
         self.decoder = Gemma4Decoder(shards[rank], DTYPES[geo.dtype], all_reduce)
         self.decoder.load_weights(reader)  # reads only this rank's rows/columns (get_slice)
-        self.host = HostInputs(geo, host_tables(reader, geo))
+        self.host = HostInputs(geo, host_tables(reader, geo, rows=EXAMPLE_TOKEN + 1))
 
     def trace(self, out: Path) -> dict[str, str]:
         prefix = f"rank{self.rank}/"

@@ -9,10 +9,11 @@ import time
 import pytest
 
 from runtime.app import create_app
-from runtime.engine import Engine, State
+from runtime.engine import State
 from runtime.settings import Settings
 
 from artifact_copies import with_wrong_golden
+from engines import running
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -23,10 +24,9 @@ HI = [{"role": "user", "content": "Capital of France?"}]
 @pytest.fixture(scope="module")
 def engine(compiled):
     """Batch 1, a queue of one: a third concurrent request is refused."""
-    eng = Engine(Settings(artifact=compiled("tiny-e2b", "fp32"), queue_max=1)).start()
-    assert eng.wait(300) is State.READY, eng.reason
-    yield eng
-    eng.close()
+    with running(Settings(artifact=compiled("tiny-e2b", "fp32"), queue_max=1)) as eng:
+        assert eng.wait(300) is State.READY, eng.reason
+        yield eng
 
 
 @pytest.fixture(scope="module")

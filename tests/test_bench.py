@@ -17,7 +17,7 @@ from gemma4_port.bench.report import (
 from gemma4_port.bench.server import imported_modules
 
 QUICK = Settings("tiny", new_tokens=4, repeats=1, warmup_calls=1, host_steps=20, streams=(BATCH_STREAMS,),
-                 requests_per_stream=1, max_tokens=4, ready_timeout_s=300)
+                 requests_per_stream=1, server_passes=2, max_tokens=4, batching_rounds=1, ready_timeout_s=300)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +34,8 @@ def bench(compiled, tmp_path_factory):
 def test_json_has_every_section_and_round_trips(bench):
     result, json_path, _ = bench
     saved = json.loads(json_path.read_text())
-    assert set(saved) >= {"meta", "throughput", "host_overhead", "concurrency", "memory", "targets", "samples", "plot"}
+    assert set(saved) >= {"meta", "throughput", "host_overhead", "batching", "concurrency", "memory", "targets",
+                          "samples", "plot"}
     assert saved["throughput"]["new_tokens"] == QUICK.new_tokens
     assert set(saved["host_overhead"]["samplers"]) >= set(HOST_P50_GOAL_US)
     assert saved["host_overhead"]["geometry"]["vocab"] == 262_144
@@ -43,6 +44,10 @@ def test_json_has_every_section_and_round_trips(bench):
         server = saved["concurrency"]["servers"][label]
         assert server["batch"] == batch
         assert [row["streams"] for row in server["levels"]] == list(QUICK.streams)
+        rounds = saved["batching"][label]
+        assert rounds["batch"] == batch
+        assert rounds["step_ms"]["n"] == QUICK.batching_rounds * (QUICK.max_tokens - 1)
+        assert rounds["prefill_ms"]["n"] == QUICK.batching_rounds
 
 
 def test_ratios_are_computed_from_the_measured_numbers(bench):
@@ -57,8 +62,15 @@ def test_ratios_are_computed_from_the_measured_numbers(bench):
     assert math.isclose(result["concurrency"]["b4_over_b1_at_4_streams"], at4["b4"]["tok_s"] / at4["b1"]["tok_s"])
     for row in at4.values():
         assert math.isclose(row["tok_s"], row["tokens"] / row["wall_s"])
+        assert row["passes"] == len(row["pass_tok_s"]) == QUICK.server_passes
+        assert row["requests"] == BATCH_STREAMS * QUICK.requests_per_stream * QUICK.server_passes
     for s in result["host_overhead"]["samplers"].values():
         assert math.isclose(s["share_of_device_step_p50"], s["step_us"]["p50"] / 22_000)
+    bat = result["batching"]
+    s1, s4 = bat["b1"]["step_ms"]["p50"], bat["b4"]["step_ms"]["p50"]
+    p1, p4, n = bat["b1"]["prefill_ms"]["p50"], bat["b4"]["prefill_ms"]["p50"], bat["new_tokens"]
+    assert math.isclose(bat["step_ratio"], 4 * s1 / s4)
+    assert math.isclose(bat["ratio_with_prefills"], (4 * n / (4 * p4 + (n - 1) * s4)) / (n / (p1 + (n - 1) * s1)))
     mem = result["memory"]
     assert math.isclose(mem["budget_mb"], mem["host_tables_mb"] + mem["graph_files_mb"] + MEMORY_SLACK_MB)
 

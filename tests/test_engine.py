@@ -15,6 +15,7 @@ from runtime.sampling import SamplingParams
 from runtime.settings import Settings
 
 from artifact_copies import with_eos, with_wrong_golden
+from engines import running
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = ("The capital of France is", "hello world", "Inferentia2 has two NeuronCores", "def fibonacci(n):")
@@ -23,10 +24,9 @@ PROMPTS = ("The capital of France is", "hello world", "Inferentia2 has two Neuro
 @pytest.fixture(scope="module")
 def b4(compiled):
     """A batch-4 engine (four KV slots), loaded and self-tested once for the module."""
-    engine = Engine(Settings(artifact=compiled("tiny-e2b", "b4"), queue_max=8)).start()
-    assert engine.wait(300) is State.READY, engine.reason
-    yield engine
-    engine.close()
+    with running(Settings(artifact=compiled("tiny-e2b", "b4"), queue_max=8)) as engine:
+        assert engine.wait(300) is State.READY, engine.reason
+        yield engine
 
 
 def submit(engine: Engine, prompt: str | list[int], max_tokens: int = 12, sampling=GREEDY, **kw) -> Job:
@@ -152,15 +152,12 @@ def test_token_budget_never_truncates(b4):
 
 def test_wrong_golden_token_fails_the_self_test_for_good(compiled, tmp_path):
     folder = with_wrong_golden(compiled("tiny-e2b", "fp32"), tmp_path / "planted")
-    engine = Engine(Settings(artifact=folder)).start()
-    try:
+    with running(Settings(artifact=folder)) as engine:
         assert engine.wait(300) is State.FAILED
         name = load_meta(folder).golden[0].name
         assert f"golden prompt {name!r}" in engine.reason and "expects" in engine.reason
         with pytest.raises(NotReady, match="failed"):
             submit(engine, [2, 3, 4])
-    finally:
-        engine.close()
 
 
 def test_an_eos_token_ends_the_request_with_stop(compiled, tmp_path):
@@ -168,20 +165,14 @@ def test_an_eos_token_ends_the_request_with_stop(compiled, tmp_path):
     golden = load_meta(src).golden[0]
     tokens = list(golden.tokens[: golden.checked])
     step = next(i for i in range(1, len(tokens)) if tokens[i] not in tokens[:i])  # a token not seen before it
-    engine = Engine(Settings(artifact=with_eos(src, tmp_path / "eos", tokens[step]))).start()
-    try:
+    with running(Settings(artifact=with_eos(src, tmp_path / "eos", tokens[step]))) as engine:
         assert engine.wait(300) is State.READY, engine.reason
         text, done = run(engine, list(golden.ids), max_tokens=len(tokens))
         assert (done.reason, done.completion_tokens) == ("stop", step + 1)
         assert text == engine.tokenizer.decode(tokens[:step], skip_special_tokens=True)
-    finally:
-        engine.close()
 
 
 def test_backend_mismatch_fails_with_the_variable_named(compiled):
-    engine = Engine(Settings(artifact=compiled("tiny-e2b", "fp32"), backend="neuron")).start()
-    try:
+    with running(Settings(artifact=compiled("tiny-e2b", "fp32"), backend="neuron")) as engine:
         assert engine.wait(60) is State.FAILED
         assert "GEMMA4_BACKEND=neuron" in engine.reason and "cpu" in engine.reason
-    finally:
-        engine.close()

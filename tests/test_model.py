@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from gemma4_port.checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
-from gemma4_port.compile import example_inputs, geometry, host_tables
+from gemma4_port.compile import EXAMPLE_TOKEN, example_inputs, geometry, host_tables
 from gemma4_port.graphs import DecodeGraph, PrefillGraph
 from gemma4_port.manifest import load_manifest
 from gemma4_port.model import Gemma4Decoder, WeightError
@@ -114,6 +114,15 @@ def test_graph_signatures_match_the_host_inputs():
     assert named["kv0_k"].shape == geo.kv_shapes[0]  # the graph still takes (and returns) whole buffers
     named = dict(zip(geo.inputs["prefill"], pre))
     assert named["slot"].shape == (4,) and named["masks"].shape == (1, len(geo.kinds), 16, 16)
+
+
+def test_a_tp_rank_traces_from_the_rows_its_example_inputs_look_up():
+    folder, _, _, geo, _, host = _setup("tiny-e2b", "b4")
+    few = HostInputs(geo, host_tables(CheckpointReader(folder), geo, rows=EXAMPLE_TOKEN + 1))
+    assert few.tables.embed.shape == (EXAMPLE_TOKEN + 1, geo.hidden)
+    for graph, bucket in (("prefill", 16), ("decode", 32)):
+        for a, b in zip(example_inputs(few, geo, graph, bucket), example_inputs(host, geo, graph, bucket)):
+            assert torch.equal(a, b)
 
 
 @torch.no_grad()

@@ -4,7 +4,6 @@ and by raw HTTP. Two servers per module, started in parallel: batch 1 (fp32) and
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import openai
 import pytest
 import requests
 
+from gemma4_port.bench.server import Server as ServedArtifact
 from gemma4_port.bench.server import free_port
 from gemma4_port.reference import load_reference, reference_greedy
 from runtime.artifact import load_meta
@@ -28,31 +28,14 @@ STEPS = 12
 CHATS = ("Write a haiku.", "Capital of Italy?")
 
 
-class Server:
-    """`build.py serve` in a process of its own; it execs gunicorn, so the pid is the master's."""
+class Server(ServedArtifact):
+    """The server as a user starts it, with an API key, a small queue and a body limit."""
 
-    def __init__(self, artifact: Path, log: Path):
-        self.artifact, self.log, self.port = artifact, log, free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        env = os.environ | {
+    def __init__(self, artifact: Path, logs: Path):
+        super().__init__(artifact, logs, ready_timeout_s=300, env={
             "GEMMA4_API_KEY": KEY, "GEMMA4_QUEUE_MAX": "2", "GEMMA4_MAX_BODY_BYTES": "65536",
             "OMP_NUM_THREADS": "1",  # tiny graphs on a busy 2-core box: one thread is ~10x faster
-        }
-        with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "build.py", "serve", str(artifact), "--port", str(self.port)],
-                                         cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float = 300) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            assert self.proc.poll() is None, f"server exited:\n{self.log.read_text()[-3000:]}"
-            try:
-                if requests.get(f"{self.url}/ready", timeout=5).status_code == 200:
-                    return
-            except requests.RequestException:
-                pass  # not listening yet, or the worker is still importing
-            time.sleep(0.2)
-        raise AssertionError(f"not ready after {timeout} s:\n{self.log.read_text()[-3000:]}")
+        })
 
     def client(self, **kw) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=KEY, **kw)
@@ -67,21 +50,11 @@ class Server:
                 return float(line.split()[1])
         raise KeyError(name)
 
-    def stop(self) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(90)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        return self.proc.returncode
-
 
 @pytest.fixture(scope="module")
 def servers(compiled, tmp_path_factory):
     logs = tmp_path_factory.mktemp("serve-logs")
-    started = {v: Server(compiled("tiny-e2b", v), logs / f"{v}.log") for v in ("fp32", "b4")}
+    started = {v: Server(compiled("tiny-e2b", v), logs / v).start() for v in ("fp32", "b4")}
     try:
         for server in started.values():
             server.wait_ready()
@@ -94,7 +67,7 @@ def servers(compiled, tmp_path_factory):
 @pytest.fixture(scope="module")
 def expected(servers):
     """The float reference's greedy text for each chat prompt (transformers, from the checkpoint)."""
-    folder = servers["fp32"].artifact
+    folder = servers["fp32"].folder
     meta = load_meta(folder)
     tok = load_tokenizer(folder / "tokenizer")
     ref = load_reference(Path(meta.checkpoint))
@@ -125,7 +98,7 @@ def chat(client: openai.OpenAI, text: str, stream: bool, **kw) -> tuple[str, str
 
 def test_ready_only_after_the_self_test(servers):
     for server in servers.values():
-        log = server.log.read_text()
+        log = server.stderr_path.read_text()
         states = [s for s in ("engine state: loading", "engine state: self-test", "engine state: ready") if s in log]
         assert len(states) == 3 and log.index(states[0]) < log.index(states[1]) < log.index(states[2])
         body = requests.get(f"{server.url}/ready", timeout=10).json()

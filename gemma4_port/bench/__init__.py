@@ -2,12 +2,14 @@
 
 One run measures, on this machine and in this order: our compiled graphs against transformers'
 `generate` (throughput), the host's work per decode step at the real vocabulary (host_overhead),
-the real server under 1..8 concurrent streams for a batch-1 and a batch-4 artifact (concurrency),
-and the memory of each way of loading the model (memory). Ratios come from numbers measured
-side by side; report.py turns them into PASS/MISS verdicts, tables, JSON and a plot."""
+what batch 4 can buy over batch 1 on this backend before any server work (batching), the real
+servers of a batch-1 and a batch-4 artifact, side by side, under 1..8 concurrent streams
+(concurrency), and the memory of each way of loading the model (memory). Ratios come from numbers
+measured side by side; report.py turns them into PASS/MISS verdicts, tables, JSON and a plot."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
@@ -22,7 +24,7 @@ from runtime.artifact import load_meta
 from runtime.tokenizer import load_tokenizer
 
 from ..manifest import Manifest, Variant, load_manifest, parse_manifest
-from . import concurrency, host_overhead, memory, report, throughput
+from . import batching, concurrency, host_overhead, memory, report, throughput
 from .errors import BenchError
 from .server import Server
 
@@ -40,15 +42,17 @@ class Settings:
     host_steps: int  # decode steps timed per sampler
     streams: tuple[int, ...]
     requests_per_stream: int
-    max_tokens: int  # per server request
+    server_passes: int  # passes per concurrency level and server, alternating between the servers
+    max_tokens: int  # per server request, and per request of the in-process batching rounds
+    batching_rounds: int  # interleaved in-process rounds per artifact, every slot busy
     ready_timeout_s: float = 900.0
 
 
 SCALES = {
     "tiny": Settings("tiny", new_tokens=32, repeats=5, warmup_calls=3, host_steps=1000, streams=(1, 2, 4, 8),
-                     requests_per_stream=4, max_tokens=24),
+                     requests_per_stream=4, server_passes=3, max_tokens=24, batching_rounds=6),
     "small": Settings("small", new_tokens=24, repeats=3, warmup_calls=3, host_steps=1000, streams=(1, 2, 4, 8),
-                      requests_per_stream=2, max_tokens=16),
+                      requests_per_stream=2, server_passes=2, max_tokens=16, batching_rounds=3),
 }
 
 
@@ -86,21 +90,39 @@ def artifacts(folder: Path | None, scale: str, work: Path, console: Console) -> 
     return folder, with_batch(1), with_batch(4)
 
 
-def _serve(label: str, folder: Path, settings: Settings, logs: Path, console: Console) -> tuple[dict, list[float]]:
-    meta = load_meta(folder)
-    console.log(f"server {label}: starting `build.py serve {folder}`")
-    with Server(folder, logs, settings.ready_timeout_s) as server:
-        out = {"artifact": str(folder), "batch": meta.geometry.batch, "load_s": server.load_s,
-               "rss_mb": server.rss() / MB, "peak_rss_mb": server.peak_rss() / MB,
-               "master_rss_mb": server.master_rss() / MB, "levels": []}
-        gaps: list[float] = []
+def _serve(paths: dict[str, Path], settings: Settings, logs: Path, console: Console) -> tuple[dict, dict]:
+    """Every server up at once (an idle one only waits on its queue), each concurrency level driven
+    `server_passes` times, alternating which server goes first: a drift of the machine hits both
+    alike. -> (per label: load, memory, levels, imports; per label: chunk gaps in ms)."""
+    servers = {label: Server(path, logs, settings.ready_timeout_s) for label, path in paths.items()}
+    out: dict[str, dict] = {}
+    gaps: dict[str, list[float]] = {label: [] for label in servers}
+    with contextlib.ExitStack() as stack:
+        for label, server in servers.items():
+            console.log(f"server {label}: starting `build.py serve {server.folder}`")
+            stack.callback(server.stop)
+            server.start()
+        for label, server in servers.items():
+            server.wait_ready()
+            out[label] = {"artifact": str(server.folder), "batch": load_meta(server.folder).geometry.batch,
+                          "load_s": server.load_s, "rss_mb": server.rss() / MB, "peak_rss_mb": server.peak_rss() / MB,
+                          "master_rss_mb": server.master_rss() / MB, "levels": []}
         for n in settings.streams:
-            row, g = concurrency.drive(server.url, server.model, n, settings.requests_per_stream, settings.max_tokens)
-            console.log(f"server {label}: {n} stream(s): {row['tok_s']:.1f} tok/s, {row['rejected_503']} rejected")
-            out["levels"].append(row)
-            gaps += g
-        out["rss_after_run_mb"] = server.rss() / MB
-        out["imports"] = server.imports()
+            runs: dict[str, list[concurrency.Run]] = {label: [] for label in servers}
+            for p in range(settings.server_passes):
+                for label in (list(servers) if p % 2 == 0 else list(reversed(servers))):
+                    server = servers[label]
+                    runs[label].append(concurrency.drive(server.url, server.model, n, settings.requests_per_stream,
+                                                         settings.max_tokens))
+            for label, passes in runs.items():
+                row, g = concurrency.level(passes)
+                console.log(f"server {label}: {n} stream(s): {row['tok_s']:.1f} tok/s over {len(passes)} passes "
+                            f"{row['pass_tok_s']}, {row['rejected_503']} rejected")
+                out[label]["levels"].append(row)
+                gaps[label] += g
+        for label, server in servers.items():
+            out[label]["rss_after_run_mb"] = server.rss() / MB
+            out[label]["imports"] = server.imports()
     return out, gaps
 
 
@@ -122,11 +144,14 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
         folder, settings.new_tokens, settings.repeats, settings.warmup_calls)
     console.log(f"host overhead: {settings.host_steps} steps per sampler at the real vocabulary")
     result["host_overhead"] = host_overhead.measure(load_tokenizer(folder / "tokenizer"), settings.host_steps)
-    servers, samples = {}, {"ours (in-process)": token_ms["ours"], "transformers generate": token_ms["transformers"]}
-    for label, path in (("b1", b1), ("b4", b4)):
-        servers[label], samples[f"server {label} (chunk gaps)"] = _serve(label, path, settings, work / "logs", console)
+    console.log(f"batching: batch 1 and batch 4 in process, every slot busy, {settings.batching_rounds} rounds each")
+    result["batching"] = batching.measure(b1, b4, settings.max_tokens, settings.batching_rounds)
+    servers, gaps = _serve({"b1": b1, "b4": b4}, settings, work / "logs", console)
+    samples = {"ours (in-process)": token_ms["ours"], "transformers generate": token_ms["transformers"]}
+    samples |= {f"server {label} (chunk gaps)": g for label, g in gaps.items()}
     result["concurrency"] = {"max_tokens": settings.max_tokens, "requests_per_stream": settings.requests_per_stream,
-                             "servers": servers, "b4_over_b1_at_4_streams": report.batching_ratio({"servers": servers})}
+                             "server_passes": settings.server_passes, "servers": servers,
+                             "b4_over_b1_at_4_streams": report.batching_ratio({"servers": servers})}
     console.log("memory: a process that loads the checkpoint with transformers")
     b1_meta = load_meta(b1)
     mem = memory.measure(b1, b1_meta)

@@ -1,6 +1,7 @@
 """Aggregate tok/s of the real server under N concurrent streaming clients, with time to first token
-and the gaps between streamed chunks as each client sees them. A 503 (queue full) is counted as a
-rejection, not an error: it is the server's documented answer to more load than it can queue."""
+and the gaps between streamed chunks as each client sees them; passes at one concurrency add up.
+A 503 (queue full) is counted as a rejection, not an error: it is the server's documented answer
+to more load than it can queue."""
 
 from __future__ import annotations
 
@@ -57,10 +58,18 @@ def stream_completion(session: requests.Session, url: str, model: str, prompt: s
     return Outcome(200, stamps[0] - t0, [b - a for a, b in zip(stamps, stamps[1:])], tokens)
 
 
+@dataclass
+class Run:
+    """One pass of `streams` clients: every request's outcome and the wall time of the pass."""
+
+    streams: int
+    outcomes: list[Outcome]
+    wall_s: float
+
+
 def drive(url: str, model: str, streams: int, requests_per_stream: int, max_tokens: int,
-          timeout_s: float = 600.0) -> tuple[dict, list[float]]:
-    """`streams` clients, each sending `requests_per_stream` streamed completions back to back.
-    -> (one JSON row, the chunk gaps in ms for the histogram)."""
+          timeout_s: float = 600.0) -> Run:
+    """`streams` clients, each sending `requests_per_stream` streamed completions back to back."""
     outcomes: list[Outcome] = []
     lock = threading.Lock()
     start = threading.Barrier(streams + 1)
@@ -80,15 +89,24 @@ def drive(url: str, model: str, streams: int, requests_per_stream: int, max_toke
     t0 = time.perf_counter()
     for t in threads:
         t.join()
-    wall = time.perf_counter() - t0
+    return Run(streams, outcomes, time.perf_counter() - t0)
+
+
+def level(runs: list[Run]) -> tuple[dict, list[float]]:
+    """Passes at one concurrency -> (one JSON row: tok/s of all of them together, and each pass's;
+    the chunk gaps in ms for the histogram)."""
+    outcomes = [o for run in runs for o in run.outcomes]
+    wall = sum(run.wall_s for run in runs)
     done = [o for o in outcomes if o.status == 200 and not o.error]
     tokens = sum(o.tokens for o in done)
     errors = [o for o in outcomes if o.status not in (200, 503) or o.error]
     row = {
-        "streams": streams, "requests": len(outcomes), "completed": len(done),
+        "streams": runs[0].streams, "passes": len(runs), "requests": len(outcomes), "completed": len(done),
         "rejected_503": sum(o.status == 503 for o in outcomes), "errors": len(errors),
         "first_error": errors[0].error if errors else "",
         "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
+        "pass_tok_s": [round(sum(o.tokens for o in run.outcomes if o.status == 200 and not o.error) / run.wall_s, 2)
+                       for run in runs],
         "ttft_ms": summary((o.ttft for o in done if o.ttft is not None), 1e3),
         "chunk_gap_ms": summary((g for o in done for g in o.gaps), 1e3),
     }

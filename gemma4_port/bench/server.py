@@ -49,39 +49,45 @@ def imported_modules(log: str) -> set[str]:
 
 
 class Server:
-    """`with Server(folder, logs) as s:` -> s.url, s.model, s.worker (psutil.Process), s.load_s."""
+    """`build.py serve DIR` on loopback in a process of its own (it execs gunicorn: the pid is the master's).
+    `with Server(folder, logs) as s:` starts it and waits until it is ready -> s.url, s.model,
+    s.worker (psutil.Process), s.load_s; or `start()` several, then `wait_ready()` each."""
 
-    def __init__(self, folder: Path, logs: Path, ready_timeout_s: float = 600.0):
-        self.folder, self.ready_timeout_s = Path(folder), ready_timeout_s
+    def __init__(self, folder: Path, logs: Path, ready_timeout_s: float = 600.0, env: dict[str, str] | None = None):
+        self.folder, self.ready_timeout_s, self.env = Path(folder), ready_timeout_s, env or {}
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         logs.mkdir(parents=True, exist_ok=True)
         self.stdout_path = logs / f"server-{self.port}.out"
-        self.stderr_path = logs / f"server-{self.port}.err"
+        self.stderr_path = logs / f"server-{self.port}.err"  # gunicorn's and the engine's log
         self.proc: subprocess.Popen | None = None
         self.worker: psutil.Process | None = None
         self.model = ""
         self.load_s = float("nan")
+        self._started = float("nan")
 
     def __enter__(self) -> Server:
-        cmd = [sys.executable, str(ROOT / "build.py"), "serve", str(self.folder), "--host", "127.0.0.1",
-               "--port", str(self.port)]
-        env = os.environ | {"PYTHONPROFILEIMPORTTIME": "1", "PYTHONUNBUFFERED": "1"}
-        t0 = time.perf_counter()
-        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
+        self.start()
         try:
-            self._wait_ready()
+            self.wait_ready()
         except BaseException:
             self.stop()
             raise
-        self.load_s = time.perf_counter() - t0
         return self
 
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _wait_ready(self) -> None:
+    def start(self) -> Server:
+        cmd = [sys.executable, str(ROOT / "build.py"), "serve", str(self.folder), "--host", "127.0.0.1",
+               "--port", str(self.port)]
+        env = os.environ | {"PYTHONPROFILEIMPORTTIME": "1", "PYTHONUNBUFFERED": "1"} | self.env
+        self._started = time.perf_counter()
+        with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
+        return self
+
+    def wait_ready(self) -> None:
         deadline = time.monotonic() + self.ready_timeout_s
         reason = "no answer yet"
         while time.monotonic() < deadline:
@@ -94,6 +100,7 @@ class Server:
                 if r.status_code == 200:
                     self.model = body["model"]
                     self.worker = self._find_worker()
+                    self.load_s = time.perf_counter() - self._started
                     return
                 if body.get("state") == "failed":
                     raise BenchError(f"the server's self-test failed: {body.get('reason')}")
@@ -131,16 +138,19 @@ class Server:
                 if not ln.startswith(IMPORT_LOG_PREFIX)]
         return " | ".join(text[-lines:])
 
-    def stop(self) -> None:
-        """SIGTERM to the master (gunicorn's graceful stop); SIGKILL to master and worker if it hangs."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=90)
-        except subprocess.TimeoutExpired:
-            if self.worker is not None:
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    self.worker.kill()
-            self.proc.kill()
-            self.proc.wait()
+    def stop(self) -> int | None:
+        """SIGTERM to the master (gunicorn's graceful stop); SIGKILL to master and worker if it hangs.
+        -> the master's exit code (None if it never started)."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=90)
+            except subprocess.TimeoutExpired:
+                if self.worker is not None:
+                    with contextlib.suppress(psutil.NoSuchProcess):
+                        self.worker.kill()
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode

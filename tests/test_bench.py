@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 from rich.console import Console
 
-from gemma4_port.bench import Settings, run_bench
+from gemma4_port.bench import Settings, in_child, run_bench, server_env
 from gemma4_port.bench.report import (
     BATCH_STREAMS, HOST_P50_GOAL_US, MEMORY_SLACK_MB, SPEEDUP_GOAL, print_report, write,
 )
@@ -106,6 +107,16 @@ def test_plot_and_table(bench, capsys):
     print_report(result, console)
     text = console.export_text()
     assert "Targets" in text and ("PASS" in text or "MISS" in text)
+
+
+def test_on_inf2_the_two_servers_take_a_neuroncore_each():
+    cores = {server_env("neuron", i)["NEURON_RT_VISIBLE_CORES"] for i in range(2)}
+    assert cores == {"0", "1"}
+    assert server_env("cpu", 1) == {}
+
+
+def test_a_measurement_in_a_child_process_returns_its_result():
+    assert in_child(os.getpid) != os.getpid()
 
 
 def test_import_log_parser():

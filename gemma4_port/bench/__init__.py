@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import multiprocessing
 import os
 import platform
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -90,11 +92,25 @@ def artifacts(folder: Path | None, scale: str, work: Path, console: Console) -> 
     return folder, with_batch(1), with_batch(4)
 
 
+def in_child(fn, *args):
+    """`fn(*args)` in a spawned process of its own, for the measurements that load an artifact: the
+    Neuron runtime keeps the NeuronCores a process opened until that process exits, and the servers
+    need them next."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(fn, *args).result()
+
+
+def server_env(backend: str, index: int) -> dict[str, str]:
+    """The servers run at once: on inf2 each takes a NeuronCore of its own (both artifacts are tp 1)."""
+    return {"NEURON_RT_VISIBLE_CORES": str(index)} if backend == "neuron" else {}
+
+
 def _serve(paths: dict[str, Path], settings: Settings, logs: Path, console: Console) -> tuple[dict, dict]:
     """Every server up at once (an idle one only waits on its queue), each concurrency level driven
     `server_passes` times, alternating which server goes first: a drift of the machine hits both
     alike. -> (per label: load, memory, levels, imports; per label: chunk gaps in ms)."""
-    servers = {label: Server(path, logs, settings.ready_timeout_s) for label, path in paths.items()}
+    servers = {label: Server(path, logs, settings.ready_timeout_s, server_env(load_meta(path).backend, i))
+               for i, (label, path) in enumerate(paths.items())}
     out: dict[str, dict] = {}
     gaps: dict[str, list[float]] = {label: [] for label in servers}
     with contextlib.ExitStack() as stack:
@@ -140,12 +156,12 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
         "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_average_start": os.getloadavg(),
     }}
     console.log(f"throughput: {meta.name}/{meta.variant}, ours vs transformers, {settings.repeats} interleaved repeats")
-    result["throughput"], token_ms = throughput.measure(
-        folder, settings.new_tokens, settings.repeats, settings.warmup_calls)
+    result["throughput"], token_ms = in_child(
+        throughput.measure, folder, settings.new_tokens, settings.repeats, settings.warmup_calls)
     console.log(f"host overhead: {settings.host_steps} steps per sampler at the real vocabulary")
     result["host_overhead"] = host_overhead.measure(load_tokenizer(folder / "tokenizer"), settings.host_steps)
     console.log(f"batching: batch 1 and batch 4 in process, every slot busy, {settings.batching_rounds} rounds each")
-    result["batching"] = batching.measure(b1, b4, settings.max_tokens, settings.batching_rounds)
+    result["batching"] = in_child(batching.measure, b1, b4, settings.max_tokens, settings.batching_rounds)
     servers, gaps = _serve({"b1": b1, "b4": b4}, settings, work / "logs", console)
     samples = {"ours (in-process)": token_ms["ours"], "transformers generate": token_ms["transformers"]}
     samples |= {f"server {label} (chunk gaps)": g for label, g in gaps.items()}

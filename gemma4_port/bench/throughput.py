@@ -4,7 +4,6 @@ greedy tokens. The two alternate run by run, so drift on a noisy machine hits bo
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -121,6 +120,4 @@ def measure(folder: Path, new_tokens: int, repeats: int, warmup_calls: int) -> t
     result["ttft_speedup"] = ratio(result["transformers"]["ttft_ms"], result["ours"]["ttft_ms"])
     latencies = {name: [g * 1e3 for run in rs for g in run.gaps] for name, rs in runs.items()}
     loaded.close()
-    del model, loaded, runner, sides
-    gc.collect()
     return result, latencies

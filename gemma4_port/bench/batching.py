@@ -76,4 +76,3 @@ def measure(b1: Path, b4: Path, tokens: int, rounds: int) -> dict:
     per_ms_b4 = ratio(batch * tokens, batch * p4 + (tokens - 1) * s4)
     out["ratio_with_prefills"] = ratio(per_ms_b4, per_ms_b1)
     return out
-

@@ -30,6 +30,10 @@ class Outcome:
     tokens: int = 0  # completion tokens (the server's usage count)
     error: str = ""
 
+    @property
+    def completed(self) -> bool:
+        return self.status == 200 and not self.error
+
 
 def stream_completion(session: requests.Session, url: str, model: str, prompt: str, max_tokens: int,
                       timeout_s: float) -> Outcome:
@@ -97,7 +101,7 @@ def level(runs: list[Run]) -> tuple[dict, list[float]]:
     the chunk gaps in ms for the histogram)."""
     outcomes = [o for run in runs for o in run.outcomes]
     wall = sum(run.wall_s for run in runs)
-    done = [o for o in outcomes if o.status == 200 and not o.error]
+    done = [o for o in outcomes if o.completed]
     tokens = sum(o.tokens for o in done)
     errors = [o for o in outcomes if o.status not in (200, 503) or o.error]
     row = {
@@ -105,8 +109,7 @@ def level(runs: list[Run]) -> tuple[dict, list[float]]:
         "rejected_503": sum(o.status == 503 for o in outcomes), "errors": len(errors),
         "first_error": errors[0].error if errors else "",
         "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
-        "pass_tok_s": [round(sum(o.tokens for o in run.outcomes if o.status == 200 and not o.error) / run.wall_s, 2)
-                       for run in runs],
+        "pass_tok_s": [round(sum(o.tokens for o in run.outcomes if o.completed) / run.wall_s, 2) for run in runs],
         "ttft_ms": summary((o.ttft for o in done if o.ttft is not None), 1e3),
         "chunk_gap_ms": summary((g for o in done for g in o.gaps), 1e3),
     }

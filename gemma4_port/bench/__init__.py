@@ -28,9 +28,8 @@ from runtime.tokenizer import load_tokenizer
 from ..manifest import Manifest, Variant, load_manifest, parse_manifest
 from . import batching, concurrency, host_overhead, memory, report, throughput
 from .errors import BenchError
-from .server import Server
+from .server import ROOT, Server
 
-ROOT = Path(__file__).resolve().parents[2]
 SCALE_MANIFEST = {"tiny": ROOT / "manifests/tiny-e2b.yaml", "small": ROOT / "manifests/small-e2b.yaml"}
 MB = 1 << 20
 
@@ -109,7 +108,8 @@ def _serve(paths: dict[str, Path], settings: Settings, logs: Path, console: Cons
     """Every server up at once (an idle one only waits on its queue), each concurrency level driven
     `server_passes` times, alternating which server goes first: a drift of the machine hits both
     alike. -> (per label: load, memory, levels, imports; per label: chunk gaps in ms)."""
-    servers = {label: Server(path, logs, settings.ready_timeout_s, server_env(load_meta(path).backend, i))
+    metas = {label: load_meta(path) for label, path in paths.items()}
+    servers = {label: Server(path, logs, settings.ready_timeout_s, server_env(metas[label].backend, i))
                for i, (label, path) in enumerate(paths.items())}
     out: dict[str, dict] = {}
     gaps: dict[str, list[float]] = {label: [] for label in servers}
@@ -120,7 +120,7 @@ def _serve(paths: dict[str, Path], settings: Settings, logs: Path, console: Cons
             server.start()
         for label, server in servers.items():
             server.wait_ready()
-            out[label] = {"artifact": str(server.folder), "batch": load_meta(server.folder).geometry.batch,
+            out[label] = {"artifact": str(server.folder), "batch": metas[label].geometry.batch,
                           "load_s": server.load_s, "rss_mb": server.rss() / MB, "peak_rss_mb": server.peak_rss() / MB,
                           "master_rss_mb": server.master_rss() / MB, "levels": []}
         for n in settings.streams:

@@ -113,11 +113,11 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from gemma4_port.errors import USER_ERRORS
+    from contract.errors import Gemma4Error
 
     try:
         return args.run(args)
-    except USER_ERRORS as exc:
+    except Gemma4Error as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -19,13 +19,13 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from runtime.hostside import DTYPES
-from runtime.neuron_backend import NeuronLayout, neuron_layout
+from contract.dtypes import DTYPES
+from contract.layout import NeuronLayout, neuron_layout
 
 from .configs import text_config_for
 from .manifest import Manifest, Variant, load_manifest
 from .model import Gemma4Decoder, kv_shapes
-from .sharding import ShardingError, shard_model
+from .sharding import ShardingError, shard_model, shard_table
 
 GIB = 2**30
 CORE_GIB = 16  # HBM per NeuronCore-v2: 32 GiB per Inferentia2 chip, two cores
@@ -242,11 +242,6 @@ def plan_main(args) -> int:
         console = Console(width=120)
     render(console, manifest, sizes, [footprint(sizes, v) for v in variants])
     if args.shards:
-        try:
-            from .sharding import shard_table
-        except ImportError:
-            console.print("the per-layer sharding table (gemma4_port.sharding.shard_table) is not in this checkout")
-            return 0
         for tp in sorted({v.tp for v in variants}):
             console.print(shard_table(config, tp))
     return 0

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from contract.errors import Gemma4Error
+
 from .manifest import Manifest, RandomModel
 from .tokenizer import END_TURN_ID, EOS_ID, train_tokenizer
 
@@ -21,7 +23,7 @@ TEXT_PREFIX = "model."
 TEXT_MODEL_TYPES = ("gemma4", "gemma4_unified", "gemma4_text", "gemma4_unified_text")
 
 
-class CheckpointError(RuntimeError):
+class CheckpointError(Gemma4Error, RuntimeError):
     pass
 
 
@@ -162,9 +164,6 @@ class CheckpointReader:
             if prefix + key in self._where:
                 return prefix + key
         return None
-
-    def has(self, key: str) -> bool:
-        return self._resolve(key) is not None
 
     def get(self, key: str) -> torch.Tensor:
         full = self._resolve(key)

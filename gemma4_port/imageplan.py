@@ -12,13 +12,14 @@ a server change rebuilds and pushes one thin layer.
 
 from __future__ import annotations
 
-import ast
 import json
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
+
+from contract.errors import Gemma4Error
 
 from .manifest import Manifest
 
@@ -42,12 +43,15 @@ NEURON_APT_PACKAGES = ("aws-neuronx-runtime-lib", "aws-neuronx-collectives", "aw
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
-# The modules `build.py compile` and `build.py verify` run; the base ships them and whatever they import.
-BUILD_TOOL_ROOTS = ("gemma4_port.compile", "gemma4_port.verify", "gemma4_port.errors")
-PROJECT_PACKAGES = ("gemma4_port", "runtime")
+# What each image carries, by package (repo-relative paths): the base runs `build.py compile` and
+# `verify`, which load an artifact through runtime.model as the server does; the slim adds the
+# server. A server change therefore rebuilds only the slim layer.
+BUILD_TOOLS = ("build.py", "contract", "gemma4_port", "runtime/__init__.py", "runtime/model")
+SERVER_CODE = ("contract", "runtime")
+SERVER_CONTEXT = "server"  # the slim's code, in one folder of its build context: one COPY, one layer
 
 
-class ImageError(RuntimeError):
+class ImageError(Gemma4Error, RuntimeError):
     """One line: the step that failed (plan, connect, build, push, ...) and why."""
 
 
@@ -141,7 +145,7 @@ def _selected(tags: dict[str, str], only: tuple[str, ...]) -> list[str]:
 def plan_images(manifest: Manifest, options: ImageOptions, build_files: Iterable[str] = (),
                 server_files: Iterable[str] = ()) -> list[ImageSpec]:
     """The images to build, in dependency order. `build_files` / `server_files` are repo-relative
-    files for the base's build tools and the slim's server package (see `build_tool_files`)."""
+    files for the base's build tools and the slim's server (the files under BUILD_TOOLS / SERVER_CODE)."""
     if options.flavour not in FLAVOURS:
         raise ImageError(f"plan: flavour {options.flavour!r}; allowed: {', '.join(FLAVOURS)}")
     tags = image_tags(manifest)
@@ -235,7 +239,7 @@ def _slim_spec(manifest: Manifest, options: ImageOptions, base: ImageSpec, kind:
     return ImageSpec(
         kind=kind, flavour=options.flavour, repository=base.repository, tag=tag, template="slim.Dockerfile",
         from_image=base.ref, depends_on="base", variants=(variant,),
-        context=tuple((f, f"code:{f}") for f in server_files), env=env,
+        context=tuple((f"{SERVER_CONTEXT}/{f}", f"code:{f}") for f in server_files), env=env,
         labels=tuple(_oci_labels(options, base.ref, None) + [("gemma4-inf2.flavour", options.flavour),
                                                              ("gemma4-inf2.variants", variant)]),
         values=(("uid", str(SERVER_UID)), ("server", SERVER_DIR), ("port", str(SERVER_PORT)),
@@ -279,7 +283,7 @@ def render_dockerfile(spec: ImageSpec) -> str:
         probe = ("import os, urllib.request; urllib.request.urlopen("
                  "'http://127.0.0.1:%s/ready' % os.environ['GEMMA4_PORT'], timeout=4)")
         values["healthcheck"] = json.dumps(["python", "-c", probe])
-        values["cmd"] = json.dumps(["gunicorn", "-c", f"{SERVER_DIR}/runtime/gunicorn.conf.py", "runtime.wsgi:app"])
+        values["cmd"] = json.dumps(["python", "-m", "runtime.serve"])  # the checks of `build.py serve`, then gunicorn
     if spec.flavour == "neuron" and spec.kind == "base":
         values["syntax"] = "# syntax=docker/dockerfile:1\n" if values["weights_mode"] == "secret" else ""
         values["weights"] = _neuron_weights(values)
@@ -310,58 +314,6 @@ def _neuron_weights(values: dict[str, str]) -> str:
         "    HF_TOKEN=\"$(cat /run/secrets/hf_token 2>/dev/null)\" \\\n"
         f"    python -c {json.dumps(download)}"
     )
-
-
-# ------------------------------------------------------------------------------ what the base carries
-
-
-def module_file(module: str, sources: Mapping[str, str]) -> str:
-    """'gemma4_port.compile' -> 'gemma4_port/compile.py'; a package -> its __init__.py."""
-    path = module.replace(".", "/")
-    return f"{path}/__init__.py" if f"{path}/__init__.py" in sources else f"{path}.py"
-
-
-def _imports(module: str, text: str, modules: set[str]) -> set[str]:
-    """The project modules one module imports, wherever the statement is (lazy imports count)."""
-    package = module if f"{module}.__init__" in modules else module.rpartition(".")[0]
-    found = set()
-    for node in ast.walk(ast.parse(text)):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parent = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
-                base = f"{parent}.{base}" if base else parent
-            names = [base] + [f"{base}.{a.name}" for a in node.names]  # `from pkg import module`
-        else:
-            continue
-        for name in names:
-            while name and name not in modules:
-                name = name.rpartition(".")[0]
-            if name:
-                found.add(name)
-    return found
-
-
-def build_tool_files(sources: Mapping[str, str], roots: Iterable[str] = BUILD_TOOL_ROOTS) -> tuple[str, ...]:
-    """Repo-relative files the base needs to run `build.py compile` / `verify`: build.py, the root
-    modules and every project module they import, with the package __init__ files on the way.
-    `sources` maps repo-relative .py paths (gemma4_port/x.py, runtime/y.py) to their text."""
-    modules = {}
-    for path in sources:
-        name = path.removesuffix(".py").replace("/", ".")
-        modules[name.removesuffix(".__init__") if name.endswith(".__init__") else name] = path
-    names = set(modules) | {f"{m}.__init__" for m, p in modules.items() if p.endswith("__init__.py")}
-    seen, todo = set(), [r for r in roots if r in modules]
-    while todo:
-        m = todo.pop()
-        if m in seen:
-            continue
-        seen.add(m)
-        todo += _imports(m, sources[modules[m]], names) - seen
-    packages = {m.split(".")[0] for m in seen}
-    return tuple(sorted({"build.py", *(modules[m] for m in seen | (packages & set(modules)))}))
 
 
 def python_requirements(manifest: Manifest, options: ImageOptions) -> tuple[str, ...]:

@@ -23,7 +23,8 @@ from rich.console import Console
 from rich.table import Table
 
 from .imageplan import (
-    SLIM_TP, ImageError, ImageOptions, ImageSpec, base_variants, build_tool_files, pin_base, plan_images, python_requirements,
+    BUILD_TOOLS, SERVER_CODE, SLIM_TP, ImageError, ImageOptions, ImageSpec, base_variants, pin_base, plan_images,
+    python_requirements,
     render_dockerfile,
 )
 from .manifest import Manifest, load_manifest
@@ -32,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Host tools, not image contents: the images run the server and the build tools, nothing else.
 HOST_ONLY = {"docker", "matplotlib", "torch", "transformers"}  # torch / transformers are pinned by the plan
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
-SERVER_ENTRY = ("runtime/wsgi.py", "runtime/gunicorn.conf.py")
+SERVER_ENTRY = ("runtime/serve.py",)
 
 
 def image_cache() -> Path:
@@ -97,13 +98,19 @@ def image_options(args, manifest: Manifest) -> ImageOptions:
     )
 
 
+def package_files(paths: tuple[str, ...]) -> tuple[str, ...]:
+    """Every file under the repo-relative `paths` (files or package folders), repo-relative."""
+    out = []
+    for rel in paths:
+        path = ROOT / rel
+        found = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+        out += [str(p.relative_to(ROOT)) for p in found if "__pycache__" not in p.parts]
+    return tuple(out)
+
+
 def project_files() -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(the base's build-tool files, the slim's server files), repo-relative."""
-    sources = {str(p.relative_to(ROOT)): p.read_text() for pkg in ("gemma4_port", "runtime")
-               for p in sorted((ROOT / pkg).rglob("*.py")) if "__pycache__" not in p.parts}
-    server = tuple(str(p.relative_to(ROOT)) for p in sorted((ROOT / "runtime").rglob("*"))
-                   if p.is_file() and "__pycache__" not in p.parts)
-    return build_tool_files(sources), server
+    return package_files(BUILD_TOOLS), package_files(SERVER_CODE)
 
 
 # ------------------------------------------------------------------------------- host inputs
@@ -132,7 +139,7 @@ def wheelhouse(requirements: tuple[str, ...], cache: Path, console: Console) -> 
 
 def host_artifact(manifest: Manifest, variant: str, console: Console) -> Path:
     """artifacts/NAME-VARIANT (build.py compile's default), compiled now if it is not there or broken."""
-    from runtime.artifact import ArtifactError, check_files, load_meta
+    from contract.artifact import ArtifactError, check_files, load_meta
 
     from .compile import compile_artifact
 
@@ -263,7 +270,7 @@ def images_main(args) -> int:
         return 0
     missing = [f for f in SERVER_ENTRY if not (ROOT / f).is_file()]
     if missing and any(s.kind in SLIM_TP for s in specs):
-        raise ImageError(f"plan: {', '.join(missing)} missing: the slim images run `gunicorn runtime.wsgi:app`")
+        raise ImageError(f"plan: {', '.join(missing)} missing: the slim images run `python -m runtime.serve`")
 
     from .docker_driver import Driver
 

@@ -7,6 +7,8 @@ tanh), and control flow (a static graph has none)."""
 
 from __future__ import annotations
 
+from contract.errors import Gemma4Error
+
 SBUF_PARTITION_BYTES = 196_608
 
 FORBIDDEN = {
@@ -35,7 +37,7 @@ TRANSCENDENTAL = {"aten::tanh", "aten::exp", "aten::softmax", "aten::_softmax", 
 _ELEMENT_BYTES = {"Float": 4, "Double": 8, "BFloat16": 2, "Half": 2}
 
 
-class LintError(RuntimeError):
+class LintError(Gemma4Error, RuntimeError):
     pass
 
 

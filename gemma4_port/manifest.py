@@ -6,18 +6,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from contract.errors import Gemma4Error
+from contract.typed import Frozen
 
 
-class ManifestError(ValueError):
+class ManifestError(Gemma4Error, ValueError):
     """One clear line: the file, the field, what is wrong and what is allowed."""
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class RandomModel(_Frozen):
+class RandomModel(Frozen):
     config: dict[str, Any]
     seed: int = 0
     init_std: float = Field(0.25, gt=0, description="std of the embedding (= tied lm_head); large so the softcap bites")
@@ -35,7 +34,7 @@ class RandomModel(_Frozen):
         return config
 
 
-class ModelSource(_Frozen):
+class ModelSource(Frozen):
     source: str | None = Field(None, description="Hugging Face repo id or a local checkpoint folder")
     revision: str | None = None
     random: RandomModel | None = None
@@ -47,7 +46,7 @@ class ModelSource(_Frozen):
         return self
 
 
-class Toolchain(_Frozen):
+class Toolchain(Frozen):
     neuron_sdk: str
     torch_neuronx: str
     neuronx_cc: str
@@ -58,7 +57,7 @@ class Toolchain(_Frozen):
     )
 
 
-class Variant(_Frozen):
+class Variant(Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     tp: Literal[1, 2] = 1
     batch: int = Field(1, ge=1, le=64)
@@ -93,13 +92,13 @@ class Variant(_Frozen):
         return self
 
 
-class Images(_Frozen):
+class Images(Frozen):
     repository: str
     tags: dict[str, str] = Field(default_factory=dict, description="flavour (base, slim, tp2-slim, ...) -> tag")
     variant: str | None = Field(None, description="variant baked into the images; default: the first")
 
 
-class Manifest(_Frozen):
+class Manifest(Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     model: ModelSource
     toolchain: Toolchain

@@ -18,10 +18,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from contract.errors import Gemma4Error
+
 from .sharding import LayerShard, ModelShard
 
 
-class WeightError(RuntimeError):
+class WeightError(Gemma4Error, RuntimeError):
     pass
 
 
@@ -59,7 +61,7 @@ def linear(n_in: int, n_out: int) -> nn.Linear:
 class Attention(nn.Module):
     def __init__(self, s: LayerShard, hidden: int, eps: float):
         super().__init__()
-        self.s = s
+        self.shard = s
         self.q_proj = linear(hidden, s.q_heads * s.head_dim)
         self.q_norm = RMSNorm(s.head_dim, eps)
         if s.owns_cache:
@@ -71,14 +73,14 @@ class Attention(nn.Module):
 
     def query(self, x, cos, sin):
         B, S, _ = x.shape
-        q = self.q_proj(x).view(B, S, self.s.q_heads, self.s.head_dim)  # (B, S, Hq, D)
+        q = self.q_proj(x).view(B, S, self.shard.q_heads, self.shard.head_dim)  # (B, S, Hq, D)
         return rotate(self.q_norm(q), cos, sin).transpose(1, 2)  # (B, Hq, S, D)
 
     def key_value(self, x, cos, sin):
         B, S, _ = x.shape
-        k = self.k_proj(x).view(B, S, self.s.kv_heads, self.s.head_dim)  # (B, S, KVH, D)
+        k = self.k_proj(x).view(B, S, self.shard.kv_heads, self.shard.head_dim)  # (B, S, KVH, D)
         # attention_k_eq_v: V is the raw k_proj output, taken before k_norm and RoPE.
-        v = k if self.v_proj is None else self.v_proj(x).view(B, S, self.s.kv_heads, self.s.head_dim)
+        v = k if self.v_proj is None else self.v_proj(x).view(B, S, self.shard.kv_heads, self.shard.head_dim)
         k = rotate(self.k_norm(k), cos, sin).transpose(1, 2)  # (B, KVH, S, D)
         v = self.v_norm(v).transpose(1, 2)  # (B, KVH, S, D)
         return k, v
@@ -86,7 +88,7 @@ class Attention(nn.Module):
     def attend(self, q, k, v, mask):
         """q (B, Hq, S, D); k, v (B, KVH, T, D); mask (B, 1, S, T) additive. Scaling is 1.0."""
         B, _, S, D = q.shape
-        s = self.s
+        s = self.shard
         T = k.shape[2]
         k = k[:, s.kv_use_start:s.kv_use_start + s.kv_use]  # (B, KVu, T, D)
         v = v[:, s.kv_use_start:s.kv_use_start + s.kv_use]  # (B, KVu, T, D)
@@ -119,7 +121,7 @@ class MLP(nn.Module):
 class Layer(nn.Module):
     def __init__(self, s: LayerShard, m: ModelShard):
         super().__init__()
-        self.s = s
+        self.shard = s
         self.self_attn = Attention(s, m.hidden, m.eps)
         self.mlp = MLP(m.hidden, s.intermediate)
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -146,7 +148,7 @@ class WeightEntry:
 class Gemma4Decoder(nn.Module):
     def __init__(self, m: ModelShard, dtype: torch.dtype = torch.float32, reduce=None):
         super().__init__()
-        self.m = m
+        self.shard = m
         self.layers = nn.ModuleList(Layer(s, m) for s in m.layers)
         self.norm = RMSNorm(m.hidden, m.eps)
         self.lm_head = linear(m.hidden, m.vocab)
@@ -161,7 +163,7 @@ class Gemma4Decoder(nn.Module):
 
     def weight_map(self) -> list[WeightEntry]:
         """Every tensor the module needs and its checkpoint key: strict, buffers included."""
-        m, out = self.m, []
+        m, out = self.shard, []
         out.append(WeightEntry("norm.weight", "norm.weight"))
         out.append(WeightEntry("lm_head.weight", "embed_tokens.weight" if m.tied else "lm_head.weight"))
         if m.ple_dim:
@@ -215,8 +217,8 @@ class Gemma4Decoder(nn.Module):
     def project_ple(self, h: torch.Tensor, ple: torch.Tensor) -> torch.Tensor:
         """h (B, S, H), ple (B, S, L, P) raw host lookup -> mixed per-layer inputs (B, S, L, P)."""
         B, S, _ = h.shape
-        proj = self.per_layer_model_projection(h) * (self.m.hidden ** -0.5)  # (B, S, L*P)
-        proj = self.per_layer_projection_norm(proj.view(B, S, self.m.num_layers, self.m.ple_dim))  # (B, S, L, P)
+        proj = self.per_layer_model_projection(h) * (self.shard.hidden ** -0.5)  # (B, S, L*P)
+        proj = self.per_layer_projection_norm(proj.view(B, S, self.shard.num_layers, self.shard.ple_dim))  # (B, S, L, P)
         return (proj + ple) * (2.0 ** -0.5)
 
     def layer_tail(self, layer: Layer, h, attn_out, ple_i):
@@ -224,7 +226,7 @@ class Gemma4Decoder(nn.Module):
         h = h + layer.post_attention_layernorm(self.reduce(attn_out))
         x = layer.pre_feedforward_layernorm(h)
         h = h + layer.post_feedforward_layernorm(self.reduce(layer.mlp(x)))
-        if self.m.ple_dim:
+        if self.shard.ple_dim:
             g = gelu_tanh(layer.per_layer_input_gate(h)) * ple_i  # (B, S, P)
             h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(g))
         return h * layer.layer_scalar
@@ -240,16 +242,16 @@ class Gemma4Decoder(nn.Module):
         last (1, S) one-hot of the last real token; slot (B,) one-hot; kv: 2 tensors per cache (B, KVH, K, D).
         Returns raw logits (1, V) and the new KV tensors with the slot replaced by the prompt's K/V.
         """
-        if self.m.ple_dim:
+        if self.shard.ple_dim:
             ple = self.project_ple(h, ple)
         fresh: list[tuple[torch.Tensor, torch.Tensor]] = []
         for layer in self.layers:
             s = layer.s
-            if s.index == self.m.first_shared:
+            if s.index == self.shard.first_shared:
                 # kv-shared layers write no cache: only the last position feeds the logits.
                 pick = last.unsqueeze(1)  # (1, 1, S)
                 h = torch.matmul(pick, h)  # (1, 1, H)
-                if self.m.ple_dim:
+                if self.shard.ple_dim:
                     ple = torch.einsum("bs,bsld->bld", last, ple).unsqueeze(1)  # (1, 1, L, P)
                 rope = {k: (torch.matmul(pick, c), torch.matmul(pick, n)) for k, (c, n) in rope.items()}  # (1, 1, D)
                 masks = {k: torch.matmul(pick.unsqueeze(1), v) for k, v in masks.items()}  # (1, 1, 1, S)
@@ -260,8 +262,8 @@ class Gemma4Decoder(nn.Module):
                 fresh.append(layer.self_attn.key_value(x, cos, sin))
             k, v = fresh[s.cache]
             a = layer.self_attn.attend(q, k, v, masks[s.kind])
-            h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.m.ple_dim else None)
-        if self.m.first_shared == self.m.num_layers:
+            h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.shard.ple_dim else None)
+        if self.shard.first_shared == self.shard.num_layers:
             h = torch.matmul(last.unsqueeze(1), h)  # (1, 1, H)
         K = kv[0].shape[2]
         sel = slot.view(-1, 1, 1, 1).to(kv[0].dtype)  # (B, 1, 1, 1)
@@ -279,7 +281,7 @@ class Gemma4Decoder(nn.Module):
         h (B, 1, H); ple (B, 1, L, P) or None; rope {kind: (cos, sin) (B, 1, D)}; masks {kind: (B, 1, 1, T)};
         write (B, T) one-hot of each slot's position (all zero for an idle slot); kv as in prefill.
         """
-        if self.m.ple_dim:
+        if self.shard.ple_dim:
             ple = self.project_ple(h, ple)
         B, T = write.shape
         K = kv[0].shape[2]
@@ -295,7 +297,7 @@ class Gemma4Decoder(nn.Module):
                 window[2 * s.cache] = write_one_hot(window[2 * s.cache], k, oh)
                 window[2 * s.cache + 1] = write_one_hot(window[2 * s.cache + 1], v, oh)
             a = layer.self_attn.attend(q, window[2 * s.cache], window[2 * s.cache + 1], masks[s.kind])
-            h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.m.ple_dim else None)
+            h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.shard.ple_dim else None)
         if T < K:  # the untouched tail goes back as it came: the outputs are whole buffers (aliased on the device)
             window = [torch.cat((w, t[:, :, T:]), dim=2) for w, t in zip(window, kv)]  # (B, KVH, K, D)
         return self.logits(h[:, 0]), window

@@ -1,6 +1,6 @@
 """`build.py compile --backend neuron`: the device graphs compiled for the NeuronCores.
 
-The layout of a variant (runtime/neuron_backend.py) picks the SDK call: torch_neuronx.trace per
+The layout of a variant (contract/layout.py) picks the SDK call: torch_neuronx.trace per
 graph at tp 1, NxD ModelBuilder (prefill buckets + decode, shared weights) at tp 2, NxD
 parallel_model_trace of decode alone when the prefill runs on the host. In all three the KV buffers
 are module state aliased to the outputs that update them (DeviceKV), so the cache never leaves the
@@ -8,7 +8,7 @@ device; at tp 2 the sharding plan's split linears become NxD parallel layers (nx
 
 The pure pieces are tested on the CPU. The SDK is imported lazily, after `load_sdk` has named any
 missing package in one line; neuronx-cc must match the manifest's toolchain pins, and the versions
-used are recorded in artifact.json for the loader's check (runtime/versions.py).
+used are recorded in artifact.json for the loader's check (contract/versions.py).
 """
 
 from __future__ import annotations
@@ -23,18 +23,20 @@ from typing import Literal
 import torch
 from torch import nn
 
-from runtime.artifact import Geometry
-from runtime.hostside import DTYPES, HostInputs
-from runtime.neuron_backend import HOST_KV, NeuronLayout, neuron_layout, signature
-from runtime.versions import installed_versions, pin_problems, require
+from contract.artifact import Geometry
+from contract.dtypes import DTYPES
+from contract.hostside import HostInputs
+from contract.layout import HOST_KV, NeuronLayout, neuron_layout, signature
+from contract.versions import installed_versions, pin_problems, require
 
 from .checkpoint import CheckpointReader, cache_root
-from .compile import CompileError, _finish, _step, example_inputs, geometry, start_build, trace_quietly
 from .graphs import DecodeGraph, PrefillGraph
 from .lint import check_traced
 from .manifest import Manifest, Toolchain, Variant
 from .model import Gemma4Decoder, kv_shapes
+from .pipeline import Build, step
 from .sharding import SPLIT, ModelShard, ShardingError, shard_model
+from .tracing import CompileError, example_inputs, geometry, trace_quietly
 
 GRAPHS = {"prefill": PrefillGraph, "decode": DecodeGraph}
 DECODER = "graph.decoder."  # where Gemma4Decoder's tensors sit inside a DeviceKV module
@@ -315,7 +317,7 @@ def _parallel_trace(b: _Build, jobs) -> dict[str, str]:
 
 def _host_prefill(b: _Build, whole: Gemma4Decoder, shards: list[ModelShard]) -> dict[str, str]:
     """CPU TorchScript prefill of the whole model, and which KV heads each rank's buffers take."""
-    geo = geometry(b.config, whole.m, b.variant)
+    geo = geometry(b.config, whole.shard, b.variant)
     host = HostInputs(geo, b.host.tables)
     graphs = {}
     for bucket in geo.buckets:
@@ -330,30 +332,40 @@ def _host_prefill(b: _Build, whole: Gemma4Decoder, shards: list[ModelShard]) -> 
 BUILDERS = {"trace": _trace, "model_builder": _model_builder, "parallel_trace": _parallel_trace}
 
 
-def compile_neuron(manifest: Manifest, variant: Variant, out: Path, progress=None) -> Path:
-    layout = neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets)
-    # neuronx-cc keys its cache by HLO hash: an unchanged graph is not compiled twice.
-    os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(cache_root() / "neuron-compile-cache"))
-    versions = load_sdk(manifest.toolchain, layout)  # before any work: a missing SDK fails at once
-    start = start_build(manifest, variant, out, progress)
-    ckpt, config, reader, shards, geo = start.ckpt, start.config, start.reader, start.shards, start.geo
-    check_spmd(shards)
-    b = _Build(manifest, variant, layout, ckpt, config, geo, HostInputs(geo, start.tables), out,
-               cache_root() / "neuron-workdir" / f"{manifest.name}-{variant.name}")
-    whole = None
-    graphs = {}
-    if variant.tp == 1 or layout.host_prefill:
-        with _step(progress, "load the whole model's weights (strict key map)"):
-            whole = empty_decoder(shard_model(config), b.dtype)
-            whole.load_weights(reader)
-    if layout.host_prefill:
-        with _step(progress, f"trace {len(geo.buckets)} host prefill graph(s) (CPU)"):
-            graphs |= _host_prefill(b, whole, shards)
-    with _step(progress, f"check and lint {len(layout.device_graphs)} device graph(s)"):
-        # Rank 0's graph stands for every rank's (check_spmd); its values do not matter to the lint.
-        jobs = b.jobs(whole if variant.tp == 1 else empty_decoder(shards[0], b.dtype))
-    if variant.tp > 1:  # the NxD tracers build each rank's module themselves: drop the lint copy
-        jobs = [(name, None, inputs) for name, _, inputs in jobs]
-    with _step(progress, f"neuronx-cc: {len(jobs)} graph(s) via {layout.builder} (long; workdir {b.workdir})"):
-        graphs |= BUILDERS[layout.builder](b, jobs)
-    return _finish(start, graphs, "neuron", progress, extra_versions=versions)
+class NeuronGraphs:
+    """The device graphs of a variant's layout, compiled by neuronx-cc."""
+
+    backend = "neuron"
+
+    def __init__(self, manifest: Manifest, variant: Variant):
+        self.manifest, self.variant = manifest, variant
+        self.layout = neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets)
+
+    def check(self) -> dict[str, str]:
+        # neuronx-cc keys its cache by HLO hash: an unchanged graph is not compiled twice.
+        os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(cache_root() / "neuron-compile-cache"))
+        return load_sdk(self.manifest.toolchain, self.layout)  # before any work: a missing SDK fails at once
+
+    def graphs(self, start: Build, progress) -> dict[str, str]:
+        manifest, variant, layout = self.manifest, self.variant, self.layout
+        config, reader, shards, geo = start.config, start.reader, start.shards, start.geo
+        check_spmd(shards)
+        b = _Build(manifest, variant, layout, start.ckpt, config, geo, HostInputs(geo, start.tables), start.out,
+                   cache_root() / "neuron-workdir" / f"{manifest.name}-{variant.name}")
+        whole = None
+        graphs = {}
+        if variant.tp == 1 or layout.host_prefill:
+            with step(progress, "load the whole model's weights (strict key map)"):
+                whole = empty_decoder(shard_model(config), b.dtype)
+                whole.load_weights(reader)
+        if layout.host_prefill:
+            with step(progress, f"trace {len(geo.buckets)} host prefill graph(s) (CPU)"):
+                graphs |= _host_prefill(b, whole, shards)
+        with step(progress, f"check and lint {len(layout.device_graphs)} device graph(s)"):
+            # Rank 0's graph stands for every rank's (check_spmd); its values do not matter to the lint.
+            jobs = b.jobs(whole if variant.tp == 1 else empty_decoder(shards[0], b.dtype))
+        if variant.tp > 1:  # the NxD tracers build each rank's module themselves: drop the lint copy
+            jobs = [(name, None, inputs) for name, _, inputs in jobs]
+        with step(progress, f"neuronx-cc: {len(jobs)} graph(s) via {layout.builder} (long; workdir {b.workdir})"):
+            graphs |= BUILDERS[layout.builder](b, jobs)
+        return graphs

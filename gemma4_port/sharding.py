@@ -13,10 +13,12 @@ from typing import Literal
 
 from rich.table import Table
 
+from contract.errors import Gemma4Error
+
 SPLIT, REPLICATED = "split", "replicated"
 
 
-class ShardingError(ValueError):
+class ShardingError(Gemma4Error, ValueError):
     pass
 
 

@@ -1,6 +1,6 @@
 """`build.py compile` for a `tp > 1` variant on the CPU: every rank traces its own graphs.
 
-The ranks run as processes in one gloo group (runtime.tp_backend.RankGroup). Each builds the
+The ranks run as processes in one gloo group (contract.ranks.RankGroup). Each builds the
 decoder of its shard only, loads only its slices of the checkpoint, and traces its prefill and
 decode graphs with the all-reduce inside them; the traces run in lockstep because each one
 executes its all-reduces. Host tables, inputs and golden tokens are those of tp 1: replicated
@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from runtime.artifact import Geometry
-from runtime.hostside import DTYPES, HostInputs
-from runtime.tp_backend import RankGroup, all_reduce
+from contract.artifact import Geometry
+from contract.dtypes import DTYPES
+from contract.hostside import HostInputs
+from contract.ranks import RankGroup, all_reduce
 
 from .checkpoint import CheckpointReader
-from .compile import EXAMPLE_TOKEN, _finish, _step, host_tables, start_build, trace_cpu
-from .manifest import Manifest, Variant
 from .model import Gemma4Decoder
+from .pipeline import Build, step
 from .sharding import ModelShard
+from .tracing import EXAMPLE_TOKEN, host_tables, trace_cpu
 
 
 class _RankTracer:
@@ -38,12 +39,19 @@ class _RankTracer:
         return trace_cpu(self.decoder, self.host, self.geo, out, prefix)
 
 
-def compile_tp_cpu(manifest: Manifest, variant: Variant, out: Path, progress=None) -> Path:
-    b = start_build(manifest, variant, out, progress)
-    with _step(progress, f"{variant.tp} ranks (gloo): load each rank's shard, trace with all-reduce, lint"):
-        group = RankGroup(variant.tp, _RankTracer, (b.ckpt, b.geo, b.shards))
-        try:
-            graphs = {k: v for per_rank in group.call("trace", out) for k, v in per_rank.items()}
-        finally:
-            group.close()
-    return _finish(b, graphs, "cpu", progress)
+class CpuTensorParallelGraphs:
+    """tp > 1 on the CPU: each rank traces its own graphs in a process of the group."""
+
+    backend = "cpu"
+
+    def check(self) -> dict[str, str]:
+        return {}
+
+    def graphs(self, b: Build, progress) -> dict[str, str]:
+        tp = b.variant.tp
+        with step(progress, f"{tp} ranks (gloo): load each rank's shard, trace with all-reduce, lint"):
+            group = RankGroup(tp, _RankTracer, (b.ckpt, b.geo, b.shards))
+            try:
+                return {k: v for per_rank in group.call("trace", b.out) for k, v in per_rank.items()}
+            finally:
+                group.close()

@@ -1,51 +1,25 @@
 """`build.py verify`: the artifact, loaded as the server loads it, against transformers in float32.
 
-A green SEQ_MATCH counts only if it tests what ships (the saved artifact, through runtime.loader),
+A green SEQ_MATCH counts only if it tests what ships (the saved artifact, through runtime.model.loader),
 the way it is loaded (a fresh process), against an independent oracle (transformers' Gemma-4)."""
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from runtime.artifact import ArtifactError, check_files, load_meta
-from runtime.loader import load_artifact
-from runtime.sampling import argmax, softcap
+from contract.artifact import ArtifactError, check_files, load_meta
+from contract.greedy import argmax
+from runtime.model.loader import load_artifact
 
+from .agreement import Case, compare
 from .reference import load_reference, reference_greedy
 
-# A divergence counts as a near-tie only when the device's own logit error at that step is a small
-# fraction of the reference's logit range (garbage has errors as large as the range itself, so it
-# never passes as a "tie") and the reference's gap between the two tokens is within twice that error.
-NEAR_TIE_MAX_RELATIVE_ERROR = {"float32": 1e-3, "bfloat16": 0.08}
 SHORT_STEPS = 8
-
-
-@dataclass
-class Case:
-    name: str
-    ids: list[int]
-    steps: int
-    golden: tuple[int, ...] | None = None  # the artifact's self-test tokens, which must match too
-
-
-@dataclass
-class Row:
-    case: Case
-    compared: int
-    first_divergence: int | None
-    max_diff: float
-    verdict: str  # MATCH | NEAR-TIE | MISMATCH
-    note: str = ""
-
-    @property
-    def ok(self) -> bool:
-        return self.verdict in ("MATCH", "NEAR-TIE")
 
 
 def build_cases(meta, long: bool) -> list[Case]:
@@ -64,30 +38,6 @@ def build_cases(meta, long: bool) -> list[Case]:
         n = geo.buckets[-1]
         cases.append(Case("random:to-kv_max", tokens(n), geo.kv_max - n + 1))
     return cases
-
-
-def compare(case: Case, dev_tokens, dev_logits, ref_tokens, ref_logits, cap, dtype: str) -> Row:
-    diffs = []
-    first = None
-    for i, (d, r) in enumerate(zip(dev_tokens, ref_tokens)):
-        diffs.append(float((softcap(dev_logits[i], cap) - ref_logits[i]).abs().max()))
-        if d != r:
-            first = i
-            break
-    max_diff = max(diffs) if diffs else 0.0
-    if first is None:
-        if case.golden is not None and tuple(dev_tokens[:len(case.golden)]) != tuple(case.golden):
-            return Row(case, len(dev_tokens), None, max_diff, "MISMATCH", "matches the live reference, not artifact.json")
-        return Row(case, len(dev_tokens), None, max_diff, "MATCH")
-    ref_step = ref_logits[first]
-    gap = float(ref_step[ref_tokens[first]] - ref_step[dev_tokens[first]])
-    err = diffs[-1]
-    bound = NEAR_TIE_MAX_RELATIVE_ERROR[dtype] * float(ref_step.abs().max())
-    if err <= bound and gap <= 2 * err:
-        note = f"reference gap {gap:.3g} <= 2 x device error {err:.3g} (bound {bound:.3g}) at step {first}"
-        return Row(case, first + 1, first, max_diff, "NEAR-TIE", note)
-    return Row(case, first + 1, first, max_diff, "MISMATCH",
-               f"device {dev_tokens[first]} vs reference {ref_tokens[first]} (gap {gap:.3g})")
 
 
 def run_slots_together(runner, cases: list[Case]) -> list[tuple[list[int], list[torch.Tensor]]]:

@@ -1,11 +1,11 @@
 # gemma4-inf2 @{kind} (@{flavour}): @{ref}, serving @{variants}
-# Only the server package and its configuration: a server change rebuilds and pushes this thin
-# layer, never the base. The base keeps its own copy of the runtime modules its build tools import
-# (artifact, loader, ...); the server imports the whole package from @{server} (PYTHONPATH).
+# Only the server and the contract it shares with the build: a server change rebuilds and pushes this
+# thin layer, never the base. The base keeps its own copy of contract/ and runtime/model/ for its
+# build tools; the server imports both packages from @{server} (PYTHONPATH).
 FROM @{from_image}
 RUN groupadd --system --gid @{uid} gemma4 \
  && useradd --system --uid @{uid} --gid @{uid} --no-create-home --home-dir /nonexistent gemma4
-COPY runtime/ @{server}/runtime/
+COPY server/ @{server}/
 @{env}
 WORKDIR @{server}
 USER @{uid}:@{uid}

@@ -16,10 +16,12 @@ from enum import Enum
 
 import torch
 
-from .artifact import Geometry, load_meta
+from contract.artifact import Geometry, load_meta
+from contract.errors import Gemma4Error
+
 from .detok import TextStream
-from .loader import LoadedModel, load_artifact
 from .metrics import Metrics
+from .model.loader import LoadedModel, load_artifact
 from .sampling import SamplingParams, sample
 from .settings import Settings, check_backend
 
@@ -36,19 +38,19 @@ class State(str, Enum):
     STOPPED = "stopped"  # closed on shutdown
 
 
-class NotReady(RuntimeError):
+class NotReady(Gemma4Error, RuntimeError):
     pass
 
 
-class QueueFull(RuntimeError):
+class QueueFull(Gemma4Error, RuntimeError):
     pass
 
 
-class SelfTestFailed(RuntimeError):
+class SelfTestFailed(Gemma4Error, RuntimeError):
     pass
 
 
-class DoesNotFit(ValueError):
+class DoesNotFit(Gemma4Error, ValueError):
     """A prompt or max_tokens that the artifact's buckets or kv_max cannot hold; never truncated."""
 
 
@@ -124,7 +126,7 @@ class Job:
 
 @dataclass
 class _Live:
-    """A job in a slot."""
+    """A job in a slot (the slot's `request`)."""
 
     job: Job
     text: TextStream
@@ -160,7 +162,6 @@ class Engine:
         self.model: LoadedModel | None = None
         self.model_name = settings.model_name
         self._queue: queue.Queue[Job] = queue.Queue(maxsize=settings.queue_max)
-        self._live: dict[int, _Live] = {}
         self._lock = threading.Lock()  # state changes vs. submissions: no job is queued after the drain
         self._closing = threading.Event()
         self._settled = threading.Event()  # set once ready, failed or stopped
@@ -219,7 +220,7 @@ class Engine:
         try:
             while not self._closing.is_set():
                 self._admit()
-                if self._live:
+                if self._busy():
                     self._step()
         except Exception as exc:  # the device state is unknown now: stop claiming readiness
             log.exception("engine loop failed")
@@ -237,7 +238,12 @@ class Engine:
 
     @property
     def busy_slots(self) -> int:
-        return len(self._live)
+        model = self.model
+        return 0 if model is None else sum(not s.free for s in model.runner.slots)
+
+    def _busy(self) -> dict[int, _Live]:
+        """Slot index -> the job it serves (engine thread only)."""
+        return {s.index: s.request for s in self.model.runner.slots if not s.free} if self.model else {}
 
     @property
     def queue_depth(self) -> int:
@@ -261,40 +267,41 @@ class Engine:
                 self._queue.get_nowait().put(Failed(message))
             except queue.Empty:
                 break
-        for slot in list(self._live):
-            self._live.pop(slot).job.put(Failed(message))
+        for slot, live in self._busy().items():
+            self.model.runner.free(slot)
+            live.job.put(Failed(message))
 
     # -- scheduling (engine thread only) ---------------------------------------------------------
     def _admit(self) -> None:
         """Prefill waiting jobs into free slots; block briefly for work only when nothing runs."""
-        while len(self._live) < self.geometry.batch:
+        while (free := [s for s in self.model.runner.slots if s.free]):
             try:
-                job = self._queue.get_nowait() if self._live else self._queue.get(timeout=IDLE_POLL_S)
+                job = self._queue.get_nowait() if self._busy() else self._queue.get(timeout=IDLE_POLL_S)
             except queue.Empty:
                 return
             if job.cancelled:
                 job.put(Finished("cancelled", len(job.prompt), 0))
                 continue
-            slot = min(set(range(self.geometry.batch)) - self._live.keys())
+            slot = free[0]
             generator = torch.Generator()
             if job.seed is None:
                 generator.seed()
             else:
                 generator.manual_seed(job.seed)
-            self._live[slot] = _Live(job, TextStream(self.tokenizer, job.stop), generator, job.accepted)
-            self._accept(slot, self.model.runner.prefill(slot, job.prompt))
+            slot.request = _Live(job, TextStream(self.tokenizer, job.stop), generator, job.accepted)
+            self._accept(slot.index, self.model.runner.prefill(slot.index, job.prompt))
 
     def _step(self) -> None:
-        for slot in [s for s, live in self._live.items() if live.job.cancelled]:
+        for slot in [s for s, live in self._busy().items() if live.job.cancelled]:
             self._finish(slot, "cancelled")
-        if self._live:
-            logits = self.model.runner.decode({slot: live.last for slot, live in self._live.items()})
+        if busy := self._busy():
+            logits = self.model.runner.decode({slot: live.last for slot, live in busy.items()})
             for slot, row in logits.items():
                 self._accept(slot, row)
 
     def _accept(self, slot: int, logits: torch.Tensor) -> None:
         """Sample the next token of a slot from its logits and pass on the text it completes."""
-        live = self._live[slot]
+        live = self.model.runner.slots[slot].request
         job = live.job
         token = sample(logits, job.sampling, self.geometry.softcap, live.generator)
         now = time.perf_counter()
@@ -313,7 +320,7 @@ class Engine:
             self._finish(slot, "length")
 
     def _finish(self, slot: int, reason: str) -> None:
-        live = self._live.pop(slot)
+        live = self.model.runner.slots[slot].request
         self.model.runner.free(slot)
         if reason != "cancelled" and not live.text.stopped:
             rest = live.text.flush()

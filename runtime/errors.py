@@ -9,6 +9,8 @@ from flask import Flask, jsonify, request
 from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 
+from contract.errors import Gemma4Error
+
 log = logging.getLogger("gemma4.api")
 
 # OpenAI's error types by status (https://platform.openai.com/docs/guides/error-codes).
@@ -17,7 +19,7 @@ TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invali
          503: "service_unavailable_error"}
 
 
-class APIError(Exception):
+class APIError(Gemma4Error):
     def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
                  headers: dict[str, str] | None = None):
         super().__init__(message)

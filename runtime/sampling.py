@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from contract.greedy import argmax, softcap
+
 # top-p without top-k: the nucleus is looked for among the 64 best tokens, then the 2,048 best (each
 # costs less the fewer it ranks); only when their mass is below top_p does a full sort follow. Exact
 # either way.
@@ -31,15 +33,6 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
-
-
-def softcap(logits, cap: float | None):
-    """Gemma-4's final `tanh(x / cap) * cap` (torch or numpy), left out of the device graph: it is
-    monotonic, so argmax is unchanged."""
-    if not cap:
-        return logits
-    tanh = np.tanh if isinstance(logits, np.ndarray) else torch.tanh
-    return tanh(logits / cap) * cap
 
 
 def row_weights(x: np.ndarray, cap: float | None, temperature: float) -> np.ndarray:
@@ -125,17 +118,6 @@ def distribution(x: np.ndarray, params: SamplingParams, cap: float | None) -> tu
         weights = nucleus(weights / total, params.top_p)
         ids = ids[: weights.shape[0]]
     return weights, ids
-
-
-def argmax(logits: torch.Tensor) -> int:
-    """The first index of the largest raw logit (V,), float32 or bfloat16. A bf16 row is not converted:
-    its bits read as int16 order the positive values as the floats do (one ~20 us pass instead of ~70)."""
-    if logits.dtype == torch.bfloat16:
-        bits = logits.view(torch.int16).numpy()
-        best = int(bits.argmax())
-        if bits[best] > 0:  # a positive maximum (NaN included, as numpy's float argmax would pick it)
-            return best
-    return int(logits.float().numpy().argmax())
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, cap: float | None, generator: torch.Generator) -> int:

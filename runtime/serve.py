@@ -1,44 +1,100 @@
-"""`build.py serve DIR` and `python -m runtime.serve` (containers): check the settings and the
-artifact, then become gunicorn (exec: signals such as SIGTERM go straight to it)."""
+"""`build.py serve DIR` and `python -m runtime.serve` (the images' CMD): read the settings once,
+check them and the artifact, then run gunicorn in this process (its master: signals such as SIGTERM
+go straight to it) with the app built from those same settings in the worker."""
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import NoReturn
 
-from .artifact import ArtifactError, load_meta
-from .settings import ENV, Settings, SettingsError, check_backend
+from gunicorn.app.base import BaseApplication
 
-CONFIG = Path(__file__).with_name("gunicorn.conf.py")
+from contract.artifact import load_meta
+from contract.errors import Gemma4Error
 
-
-def gunicorn_argv() -> list[str]:
-    return [sys.executable, "-m", "gunicorn", "-c", str(CONFIG), "runtime.wsgi:app"]
+from .settings import ENV, Settings, check_backend
 
 
-def run(environ: Mapping[str, str]) -> NoReturn:
-    """Validate once here, so a bad variable or artifact is one line and exit 2, not a worker crash."""
+def gunicorn_options(settings: Settings) -> dict:
+    """One worker, because the device has one owner (the engine thread inside it); threads, because
+    every streaming or waiting request holds one."""
+    return {
+        "bind": [f"{settings.host}:{settings.port}"],
+        "workers": 1,
+        "worker_class": "gthread",
+        # Every running, queued or streaming request holds a thread; the spare ones answer probes and
+        # scrapes, and a queue-full 503, while the queue is full.
+        "threads": settings.queue_max + 32,
+        "preload_app": False,  # the engine thread must start in the worker, not in the master before the fork
+        "timeout": 120,  # heartbeat of the worker's main loop; loading happens in a background thread
+        "graceful_timeout": 60,  # on SIGTERM: stop accepting, let the requests in flight finish, then exit
+        "keepalive": 5,
+        "accesslog": "-",
+        "errorlog": "-",
+        "loglevel": "info",
+        "control_socket_disable": True,  # gunicorn 27 would otherwise share one socket path between servers
+        "worker_exit": _worker_exit,
+    }
+
+
+def _worker_exit(server, worker) -> None:
+    """The requests in flight are done: stop the engine thread before the interpreter goes away
+    (a daemon thread killed inside a graph call aborts the process)."""
+    app = getattr(worker, "wsgi", None)
+    if app is not None:
+        app.extensions["gemma4_engine"].close()
+
+
+class Server(BaseApplication):
+    """gunicorn with its configuration and its app from one Settings object."""
+
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        super().__init__()
+
+    def load_config(self) -> None:
+        for key, value in gunicorn_options(self.settings).items():
+            self.cfg.set(key, value)
+
+    def load(self):
+        # Imported in the worker, after the fork: torch and the engine never load in the master.
+        from .app import create_app
+
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        return create_app(self.settings)
+
+
+def checked_settings(environ: Mapping[str, str]) -> Settings:
+    """The settings and the artifact they name, validated: a bad variable or artifact is one line
+    and exit 2, not a worker crash."""
     settings = Settings.from_env(environ)
     check_backend(settings, load_meta(settings.artifact).backend)
+    return settings
+
+
+def run(environ: Mapping[str, str]) -> int:
+    settings = checked_settings(environ)
     # One engine thread owns the device; torch's default intra-op pool stalls on a busy small host
-    # (measured up to 10x slower on 2 vCPUs), so one thread unless the operator says otherwise.
-    env = {"OMP_NUM_THREADS": "1"} | dict(environ) | settings.to_env()
-    os.execve(sys.executable, gunicorn_argv(), env)
+    # (measured up to 10x slower on 2 vCPUs), so one thread unless the operator says otherwise. Set
+    # here, before the worker imports torch.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    Server(settings).run()
+    return 0
 
 
 def serve(folder: Path, host: str, port: int, backend: str) -> int:
     overrides = {ENV["artifact"]: str(Path(folder).resolve()), ENV["host"]: host, ENV["port"]: str(port),
                  ENV["backend"]: backend}
-    run(os.environ | overrides)
+    return run(os.environ | overrides)
 
 
 def main() -> int:
     try:
-        run(os.environ)
-    except (ArtifactError, SettingsError) as exc:
+        return run(os.environ)
+    except Gemma4Error as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
 

@@ -11,6 +11,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, DirectoryPath, Field, ValidationError
 
+from contract.errors import Gemma4Error
+
 ENV = {
     "artifact": "GEMMA4_ARTIFACT",
     "backend": "GEMMA4_BACKEND",
@@ -23,7 +25,7 @@ ENV = {
 }
 
 
-class SettingsError(ValueError):
+class SettingsError(Gemma4Error, ValueError):
     pass
 
 

@@ -256,7 +256,7 @@ def test_a_bad_setting_is_one_error_naming_the_variable(tmp_path, var, value):
 
 
 def test_serve_checks_the_artifact_before_starting_gunicorn(compiled, tmp_path):
-    from runtime.artifact import ArtifactError
+    from contract.artifact import ArtifactError
     from runtime.serve import run
     from runtime.settings import SettingsError
 

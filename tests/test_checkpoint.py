@@ -9,9 +9,9 @@ from gemma4_port.checkpoint import (
     MULTIMODAL_PREFIX, CheckpointError, CheckpointReader, read_text_config, resolve_checkpoint,
     write_random_checkpoint,
 )
+from contract.artifact import sha256
 from gemma4_port.manifest import load_manifest
 from gemma4_port.reference import load_reference, reference_greedy
-from runtime.artifact import sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from runtime.artifact import load_meta
+from contract.artifact import load_meta
 from runtime.engine import (
     DoesNotFit, Engine, Failed, Finished, Job, NotReady, QueueFull, State, token_budget,
 )

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gemma4_port.imageplan import (
-    ImageError, ImageOptions, build_tool_files, pin_base, plan_images, render_dockerfile, served_variant,
+    ImageError, ImageOptions, pin_base, plan_images, render_dockerfile, served_variant,
 )
 from gemma4_port.manifest import load_manifest
 
@@ -61,7 +61,7 @@ def test_dockerfiles_match_golden(case):
 
 
 def test_slim_is_from_the_base_by_digest_and_adds_only_the_server():
-    specs = plan_images(manifest("tiny-e2b"), CASES["tiny-e2b-cpu"][1], ("build.py",), ("runtime/wsgi.py",))
+    specs = plan_images(manifest("tiny-e2b"), CASES["tiny-e2b-cpu"][1], ("build.py",), ("runtime/serve.py",))
     assert [s.kind for s in specs] == ["base", "slim"]
     base, slim = specs
     assert base.ref == "127.0.0.1:5000/gemma4-inf2/tiny-e2b:latest" and slim.ref.endswith(":slim")
@@ -69,7 +69,7 @@ def test_slim_is_from_the_base_by_digest_and_adds_only_the_server():
     pinned = pin_base(slim, BASE_DIGEST)
     assert pinned.from_image == f"127.0.0.1:5000/gemma4-inf2/tiny-e2b@{BASE_DIGEST}"
     assert ("org.opencontainers.image.base.digest", BASE_DIGEST) in pinned.labels
-    assert dict(slim.context) == {"runtime/wsgi.py": "code:runtime/wsgi.py"}  # no artifact, no wheel, no tool
+    assert dict(slim.context) == {"server/runtime/serve.py": "code:runtime/serve.py"}  # no artifact, no wheel, no tool
     text = render_dockerfile(pinned)
     assert [ln.split()[0] for ln in text.splitlines() if ln.split() and ln.split()[0] in ("COPY", "RUN")] == [
         "RUN", "COPY"]  # the user, then the server: two thin layers
@@ -102,29 +102,15 @@ def test_a_slim_kind_without_a_matching_variant_is_one_clear_error():
         served_variant(m, "slim")
 
 
-def test_the_base_carries_the_build_tools_and_what_they_import_not_the_server():
-    sources = {str(p.relative_to(ROOT)): p.read_text() for pkg in ("gemma4_port", "runtime")
-               for p in (ROOT / pkg).glob("*.py")}
-    files = set(build_tool_files(sources))
-    assert {"build.py", "gemma4_port/compile.py", "gemma4_port/verify.py", "runtime/artifact.py",
-            "runtime/loader.py", "runtime/__init__.py"} <= files
-    assert not files & {"runtime/wsgi.py", "runtime/app.py", "gemma4_port/images.py"}
+def test_the_base_carries_the_build_tools_and_the_load_path_not_the_server():
+    from gemma4_port.images import project_files
 
-
-def test_import_closure_follows_relative_lazy_and_package_imports():
-    sources = {
-        "pkg/__init__.py": "",
-        "pkg/a.py": "from .b import x\ndef f():\n    from pkg import sub\n",  # lazy, and a subpackage
-        "pkg/b.py": "import other.d\nimport torch\n",  # third-party imports are not project files
-        "pkg/c.py": "",
-        "pkg/unused.py": "",
-        "pkg/sub/__init__.py": "from ..c import y\n",  # two levels up
-        "other/__init__.py": "",
-        "other/d.py": "",
-    }
-    assert build_tool_files(sources, roots=("pkg.a",)) == (
-        "build.py", "other/__init__.py", "other/d.py", "pkg/__init__.py", "pkg/a.py", "pkg/b.py", "pkg/c.py",
-        "pkg/sub/__init__.py")
+    base, server = map(set, project_files())
+    assert {"build.py", "gemma4_port/compile.py", "gemma4_port/verify.py", "contract/artifact.py",
+            "runtime/model/loader.py", "runtime/__init__.py"} <= base
+    assert not base & {"runtime/serve.py", "runtime/app.py", "runtime/engine.py"}
+    assert {"contract/artifact.py", "runtime/serve.py", "runtime/app.py", "runtime/model/loader.py"} <= server
+    assert not any("__pycache__" in f or f.startswith("gemma4_port/") for f in base & server)
 
 
 def test_dry_run_prints_neuron_dockerfiles_without_a_daemon():
@@ -135,7 +121,7 @@ def test_dry_run_prints_neuron_dockerfiles_without_a_daemon():
     assert "FROM ubuntu:22.04 AS toolchain" in run.stdout and "aws-neuronx-runtime-lib" in run.stdout
     assert '"neuronx-cc==2.23.6484.*" "torch-neuronx==2.8.0.*" "neuronx-distributed==0.17.*"' in run.stdout
     assert "--mount=type=secret,id=hf_token" in run.stdout
-    assert 'NEURON_RT_VISIBLE_CORES="0,1"' in run.stdout and "runtime.wsgi:app" in run.stdout
+    assert 'NEURON_RT_VISIBLE_CORES="0,1"' in run.stdout and '"runtime.serve"' in run.stdout
 
 
 def test_kubernetes_manifests_fit_the_slim_image():

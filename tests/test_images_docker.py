@@ -93,8 +93,8 @@ def test_the_slim_image_says_what_it_is(pushed, registry):  # noqa: F811
 def test_the_slim_container_serves_the_reference_tokens_as_a_non_root_user(pushed, registry, compiled):  # noqa: F811
     import docker
 
-    from runtime.artifact import load_meta
-    from runtime.tokenizer import load_tokenizer
+    from contract.artifact import load_meta
+    from contract.tokenizer import load_tokenizer
 
     port = free_port()
     client = docker.from_env()

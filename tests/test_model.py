@@ -6,15 +6,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from contract.greedy import softcap
+from contract.hostside import HostInputs
 from gemma4_port.checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
-from gemma4_port.compile import EXAMPLE_TOKEN, example_inputs, geometry, host_tables
 from gemma4_port.graphs import DecodeGraph, PrefillGraph
 from gemma4_port.manifest import load_manifest
 from gemma4_port.model import Gemma4Decoder, WeightError
 from gemma4_port.reference import load_reference, reference_greedy
 from gemma4_port.sharding import shard_model
-from runtime.hostside import HostInputs
-from runtime.sampling import softcap
+from gemma4_port.tracing import EXAMPLE_TOKEN, example_inputs, geometry, host_tables
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]

@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from contract.artifact import ArtifactError
+from contract.hostside import HostInputs
+from contract.layout import neuron_layout, signature
+from contract.versions import VersionMismatch, check_versions, matches_pin, pin_problems, version_problems
 from gemma4_port.checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
-from gemma4_port.compile import CompileError, geometry, host_tables
 from gemma4_port.configs import text_config_for
 from gemma4_port.graphs import DecodeGraph, PrefillGraph
 from gemma4_port.manifest import load_manifest
@@ -23,13 +26,9 @@ from gemma4_port.neuron import (
     load_buffers, nxd_plan,
 )
 from gemma4_port.sharding import REPLICATED, shard_model
-from runtime.artifact import ArtifactError
-from runtime.hostside import HostInputs
-from runtime.loader import load_artifact
-from runtime.neuron_backend import (
-    bind_states, join_kv, live_states, neuron_layout, signature, split_kv, write_states,
-)
-from runtime.versions import VersionMismatch, check_versions, matches_pin, pin_problems, version_problems
+from gemma4_port.tracing import CompileError, geometry, host_tables
+from runtime.model.loader import load_artifact
+from runtime.model.neuron import bind_states, join_kv, live_states, split_kv, write_states
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from contract.artifact import ArtifactError
 from gemma4_port.compile import compile_artifact
 from gemma4_port.manifest import load_manifest
-from runtime.artifact import ArtifactError
-from runtime.loader import load_artifact
+from runtime.model.loader import load_artifact
 
 pytestmark = pytest.mark.neuron
 ROOT = Path(__file__).resolve().parents[1]
@@ -74,9 +74,9 @@ def test_graph_writes_land_in_the_kv_tensors_the_backend_holds(neuron_compiled, 
     model = load_artifact(neuron_compiled(name, variant, change))
     backend, runner = model.runner.backend, model.runner
     first = runner.greedy([9, 10, 11, 12, 13], 6)[0]
-    assert any(float(t.cpu().abs().sum()) > 0 for rank in backend.device.states for t in rank)
+    assert any(float(t.cpu().abs().sum()) > 0 for rank in backend.device.kv.ranks for t in rank)
     backend.reset()
-    assert all(float(t.cpu().abs().sum()) == 0 for rank in backend.device.states for t in rank)
+    assert all(float(t.cpu().abs().sum()) == 0 for rank in backend.device.kv.ranks for t in rank)
     assert runner.greedy([9, 10, 11, 12, 13], 6)[0] == first
     model.close()
 

@@ -15,11 +15,11 @@ import openai
 import pytest
 import requests
 
+from contract.artifact import load_meta
+from contract.tokenizer import load_tokenizer
 from gemma4_port.bench.server import Server as ServedArtifact
 from gemma4_port.bench.server import free_port
 from gemma4_port.reference import load_reference, reference_greedy
-from runtime.artifact import load_meta
-from runtime.tokenizer import load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 KEY = "e2e-secret"

@@ -13,13 +13,13 @@ import psutil
 import pytest
 import torch
 
+from contract.artifact import load_meta
+from contract.dtypes import DTYPES
+from contract.ranks import RankGroup, TensorParallelError
 from gemma4_port.checkpoint import CheckpointReader, read_text_config
 from gemma4_port.model import kv_shapes
 from gemma4_port.sharding import REPLICATED, SPLIT, shard_model
-from runtime.artifact import load_meta
-from runtime.hostside import DTYPES
-from runtime.loader import load_artifact
-from runtime.tp_backend import RankGroup, TensorParallelError
+from runtime.model.loader import load_artifact
 
 ROOT = Path(__file__).resolve().parents[1]
 # One compile per tiny manifest; tiny-e4b is checked at bf16 with two batch slots.

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from gemma4_port.compile import CompileError, compile_artifact
+from contract.artifact import load_meta, sha256
+from gemma4_port.agreement import Case, compare
+from gemma4_port.compile import compile_artifact
 from gemma4_port.manifest import load_manifest, parse_manifest
 from gemma4_port.model import Gemma4Decoder
-from gemma4_port.verify import Case, compare
-from runtime.artifact import load_meta, sha256
+from gemma4_port.tracing import CompileError
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -82,7 +83,7 @@ def test_layer_scalar_left_at_one_fails_verify(tmp_path, monkeypatch):
     with pytest.raises(CompileError, match="disagree with the float reference"):
         compile_artifact(manifest, manifest.variant("fp32"), tmp_path / "a")  # compile's own check catches it
     # An artifact made without that check (elsewhere, or by an older build) is caught by verify.
-    monkeypatch.setattr("gemma4_port.compile.calibrate_golden", lambda folder, logits: load_meta(folder).golden)
+    monkeypatch.setattr("gemma4_port.pipeline.calibrate_golden", lambda folder, logits: load_meta(folder).golden)
     out = compile_artifact(manifest, manifest.variant("fp32"), tmp_path / "b")
     result = verify(out, "--quick")
     assert result.returncode == 1, result.stdout + result.stderr
@@ -138,7 +139,7 @@ def test_a_tokenizer_that_collapses_hello_world_is_refused(artifact_copy):
 
 def test_device_argmax_without_cap_equals_reference_argmax_with_it(compiled):
     """No softcap in the graph: argmax is unchanged because the cap is monotonic."""
-    from runtime.loader import load_artifact
+    from runtime.model.loader import load_artifact
     from gemma4_port.reference import load_reference, reference_greedy
 
     model = load_artifact(compiled("tiny-12b", "fp32"))

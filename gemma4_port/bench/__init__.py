@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from runtime.artifact import load_meta
-from runtime.tokenizer import load_tokenizer
+from contract.artifact import load_meta
+from contract.tokenizer import load_tokenizer
 
 from ..manifest import Manifest, Variant, load_manifest, parse_manifest
 from . import batching, concurrency, host_overhead, memory, report, throughput

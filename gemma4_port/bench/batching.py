@@ -15,8 +15,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from runtime.loader import load_artifact
-from runtime.sampling import argmax
+from contract.greedy import argmax
+from runtime.model.loader import load_artifact
 
 from .concurrency import PROMPTS
 from .stats import ratio, summary

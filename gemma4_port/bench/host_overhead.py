@@ -14,14 +14,16 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from contract.dtypes import DTYPES
+from contract.greedy import softcap
+from contract.hostside import HostInputs
 from runtime.detok import TextStream
-from runtime.hostside import DTYPES, HostInputs
-from runtime.sampling import SamplingParams, sample, softcap
+from runtime.sampling import SamplingParams, sample
 
-from ..compile import geometry
 from ..configs import text_config_for
 from ..manifest import load_manifest
 from ..sharding import shard_model
+from ..tracing import geometry
 from .server import ROOT
 from .stats import summary
 
@@ -44,7 +46,7 @@ CASES = (("greedy", "peaked"), ("top_k_top_p", "peaked"), ("top_p", "peaked"), (
 
 @dataclass
 class SyntheticTables:
-    """Duck-types runtime.hostside.HostTables: the two tables HostInputs gathers from."""
+    """Duck-types contract.hostside.HostTables: the two tables HostInputs gathers from."""
 
     embed: torch.Tensor  # (V, H)
     ple: torch.Tensor  # (V, L*P)

@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from runtime.artifact import HOST_TABLES, ArtifactMeta
+from contract.artifact import HOST_TABLES, ArtifactMeta
 
 from .errors import BenchError
 from .server import MODEL_MODULE, ROOT

@@ -24,7 +24,7 @@ from .errors import BenchError
 ROOT = Path(__file__).resolve().parents[2]
 MODEL_MODULE = "transformers.modeling_utils"
 IMPORT_LOG_PREFIX = "import time:"
-ARMED_BY = "runtime.loader"  # seen in the log: the import log covers the code that loads the model
+ARMED_BY = "runtime.model.loader"  # seen in the log: the import log covers the code that loads the model
 
 
 def free_port() -> int:
@@ -49,7 +49,7 @@ def imported_modules(log: str) -> set[str]:
 
 
 class Server:
-    """`build.py serve DIR` on loopback in a process of its own (it execs gunicorn: the pid is the master's).
+    """`build.py serve DIR` on loopback in a process of its own, which is the gunicorn master.
     `with Server(folder, logs) as s:` starts it and waits until it is ready -> s.url, s.model,
     s.worker (psutil.Process), s.load_s; or `start()` several, then `wait_ready()` each."""
 
@@ -111,7 +111,7 @@ class Server:
         raise BenchError(f"the server was not ready after {self.ready_timeout_s:.0f} s ({reason})")
 
     def _find_worker(self) -> psutil.Process:
-        """`build.py serve` execs gunicorn: our child is the master, its only child the worker."""
+        """`build.py serve` is the gunicorn master itself; its only child is the worker."""
         children = psutil.Process(self.proc.pid).children()
         if len(children) != 1:
             raise BenchError(f"expected one gunicorn worker under pid {self.proc.pid}, found {len(children)}")

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from runtime.hostside import DTYPES
-from runtime.loader import load_artifact
-from runtime.sampling import argmax
+from contract.dtypes import DTYPES
+from contract.greedy import argmax
+from runtime.model.loader import load_artifact
 
 from ..reference import load_reference
 from .stats import ratio, summary

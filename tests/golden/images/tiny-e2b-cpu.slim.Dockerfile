@@ -1,11 +1,11 @@
 # gemma4-inf2 slim (cpu): 127.0.0.1:5000/gemma4-inf2/tiny-e2b:slim, serving fp32
-# Only the server package and its configuration: a server change rebuilds and pushes this thin
-# layer, never the base. The base keeps its own copy of the runtime modules its build tools import
-# (artifact, loader, ...); the server imports the whole package from /app (PYTHONPATH).
+# Only the server and the contract it shares with the build: a server change rebuilds and pushes this
+# thin layer, never the base. The base keeps its own copy of contract/ and runtime/model/ for its
+# build tools; the server imports both packages from /app (PYTHONPATH).
 FROM 127.0.0.1:5000/gemma4-inf2/tiny-e2b@sha256:abababababababababababababababababababababababababababababababab
 RUN groupadd --system --gid 10001 gemma4 \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent gemma4
-COPY runtime/ /app/runtime/
+COPY server/ /app/
 ENV GEMMA4_ARTIFACT="/opt/gemma4/artifacts/fp32" \
     GEMMA4_BACKEND="cpu" \
     GEMMA4_MODEL_NAME="tiny-e2b" \
@@ -19,7 +19,7 @@ EXPOSE 8080
 # /ready turns 200 only after the server's self-test (golden tokens through the real graphs).
 HEALTHCHECK --interval=30s --timeout=5s --start-period=2m --retries=3 \
     CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ['GEMMA4_PORT'], timeout=4)"]
-CMD ["gunicorn", "-c", "/app/runtime/gunicorn.conf.py", "runtime.wsgi:app"]
+CMD ["python", "-m", "runtime.serve"]
 LABEL org.opencontainers.image.source="https://example.invalid/gemma4-inf2" \
     org.opencontainers.image.version="0.1.0" \
     org.opencontainers.image.revision="0000000000000000000000000000000000000000" \

@@ -1,10 +1,9 @@
-"""Tensor parallelism on the CPU: one process per rank, joined by torch.distributed (gloo, loopback).
+"""A group of rank processes joined by torch.distributed (gloo, loopback), and the all-reduce that
+the traced tensor-parallel graphs record: the CPU tp compile traces in such a group, the CPU tp
+backend serves from one.
 
-Each rank process holds only its shard of the weights (inside its own TorchScript graphs) and its
-own KV buffers. The row-parallel projections (o_proj, down_proj) sum their partial outputs with
-`gemma4_tp::all_reduce`, an op recorded in the traced graphs themselves. The driver (`build.py
-verify`, the server) sends every call's inputs to all ranks and takes the logits from rank 0: the
-lm_head is replicated, so every rank computes all of them.
+A call goes to every rank and returns every rank's answer; a rank that raises, dies or stalls fails
+the whole group, since its peers would otherwise wait forever in an all-reduce.
 """
 
 from __future__ import annotations
@@ -15,14 +14,12 @@ import time
 import traceback
 from datetime import timedelta
 from multiprocessing.connection import wait
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from .artifact import ArtifactMeta
-from .backends import CpuBackend
+from .errors import Gemma4Error
 
 # Loading a rank's graphs, or one prefill, that takes longer than this means a rank is stuck.
 CALL_TIMEOUT_S = 600.0
@@ -45,7 +42,7 @@ def all_reduce(x: torch.Tensor) -> torch.Tensor:
     return torch.ops.gemma4_tp.all_reduce(x, dist.group.WORLD.group_name)
 
 
-class TensorParallelError(RuntimeError):
+class TensorParallelError(Gemma4Error, RuntimeError):
     pass
 
 
@@ -180,34 +177,3 @@ class RankGroup:
         for conn in self._conns:
             conn.close()
         self._conns, self._procs, self._store = [], [], None
-
-
-class _Rank(CpuBackend):
-    """One rank's own graphs and KV. Only rank 0 sends logits back: every rank has the same ones."""
-
-    def __init__(self, rank: int, tp: int, folder: Path, meta: ArtifactMeta):
-        super().__init__(folder, meta, prefix=f"rank{rank}/")
-        self.rank = rank
-
-    def _run(self, name: str, inputs):
-        logits = super()._run(name, inputs)
-        return logits if self.rank == 0 else None
-
-
-class CpuTensorParallelBackend:
-    """The runner's Backend for a `tp > 1` CPU artifact: the same calls, fanned out to the ranks."""
-
-    def __init__(self, folder: Path, meta: ArtifactMeta, timeout: float = CALL_TIMEOUT_S):
-        self.group = RankGroup(meta.geometry.tp, _Rank, (Path(folder), meta), timeout)
-
-    def prefill(self, bucket: int, inputs) -> torch.Tensor:
-        return self.group.call("prefill", bucket, inputs)[0]
-
-    def decode(self, keys: int, inputs) -> torch.Tensor:
-        return self.group.call("decode", keys, inputs)[0]
-
-    def reset(self) -> None:
-        self.group.call("reset")
-
-    def close(self) -> None:
-        self.group.close()

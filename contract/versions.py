@@ -13,13 +13,14 @@ import shutil
 import subprocess
 
 from .artifact import ArtifactError
+from .errors import Gemma4Error
 
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
 RUNTIME_PACKAGE = "aws-neuronx-runtime-lib"  # libnrt, from the Neuron apt/yum repository
 NEURON_PACKAGES = ("neuronx-cc", "torch-neuronx", "neuronx-distributed")  # the wheels a neff depends on
 
 
-class NeuronUnavailable(RuntimeError):
+class NeuronUnavailable(Gemma4Error, RuntimeError):
     """A Neuron SDK package this machine lacks."""
 
 

@@ -1,5 +1,4 @@
-"""Graph backends. `cpu` runs the TorchScript graphs and keeps the KV tensors in this process;
-`neuron` (runtime/neuron_backend.py) keeps them on the NeuronCores."""
+"""The CPU backend: the TorchScript graphs in this process, which also owns their KV tensors."""
 
 from __future__ import annotations
 
@@ -7,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from .artifact import ArtifactMeta
-from .hostside import DTYPES
+from contract.artifact import ArtifactMeta
+from contract.dtypes import DTYPES
 
 
 class CpuBackend:
@@ -42,14 +41,3 @@ class CpuBackend:
     def close(self) -> None:
         self.graphs.clear()
 
-
-def make_backend(folder: Path, meta: ArtifactMeta):
-    if meta.backend == "cpu" and meta.geometry.tp == 1:
-        return CpuBackend(folder, meta)
-    if meta.backend == "cpu":
-        from .tp_backend import CpuTensorParallelBackend
-
-        return CpuTensorParallelBackend(folder, meta)
-    from .neuron_backend import NeuronBackend
-
-    return NeuronBackend(folder, meta)

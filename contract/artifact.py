@@ -8,26 +8,25 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ValidationError
 
-ARTIFACT_FORMAT = 2  # 2: host tables stored pre-scaled
+from .errors import Gemma4Error
+from .typed import Frozen
+
+ARTIFACT_FORMAT = 3  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill
 HOST_TABLES = "host/tables.safetensors"
 
 
-class ArtifactError(RuntimeError):
+class ArtifactError(Gemma4Error, RuntimeError):
     pass
 
 
-class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class Rope(_Frozen):
+class Rope(Frozen):
     head_dim: int
     inv_freq: tuple[float, ...]
 
 
-class Geometry(_Frozen):
+class Geometry(Frozen):
     """Shapes and constants shared by the graphs and the host code that feeds them."""
 
     hidden: int
@@ -37,27 +36,36 @@ class Geometry(_Frozen):
     sliding_window: int
     kinds: tuple[str, ...]
     rope: dict[str, Rope]
-    kv_shapes: tuple[tuple[int, int, int, int], ...]  # per rank (B, KVH, K, D), K then V per cache
+    kv_heads: tuple[tuple[int, int], ...]  # per rank, per KV tensor (K then V per cache): (KVH, D)
     embed_scale: float
     ple_scale: float
     softcap: float | None
     dtype: Literal["float32", "bfloat16"]
     batch: int
     buckets: tuple[int, ...]
-    kv_max: int
     decode_buckets: tuple[int, ...]  # KV lengths of the decode graphs, the last = kv_max
     tp: int
+    prefill: Literal["device", "host"]  # where a prompt runs (host: a CPU graph of the whole model)
     inputs: dict[str, tuple[str, ...]]  # graph -> input names, in call order
 
+    @property
+    def kv_max(self) -> int:
+        return self.decode_buckets[-1]
 
-class Golden(_Frozen):
+    @property
+    def kv_shapes(self) -> list[tuple[int, int, int, int]]:
+        """Per rank, K then V per cache: (B, KVH, K, D)."""
+        return [(self.batch, heads, self.kv_max, dim) for heads, dim in self.kv_heads]
+
+
+class Golden(Frozen):
     name: str
     ids: tuple[int, ...]
     tokens: tuple[int, ...]  # the float reference's greedy continuation
     checked: int  # leading steps whose reference margin the artifact's dtype cannot flip: the self-test's
 
 
-class ArtifactMeta(_Frozen):
+class ArtifactMeta(Frozen):
     format: int
     name: str
     variant: str

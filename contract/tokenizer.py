@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .errors import Gemma4Error
 
-class TokenizerError(RuntimeError):
+
+class TokenizerError(Gemma4Error, RuntimeError):
     pass
 
 

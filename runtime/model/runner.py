@@ -1,5 +1,5 @@
 """The model as the engine sees it: prefill a prompt into a slot, decode one token for every busy
-slot. It owns the slot positions; the backend owns the graphs and the KV buffers."""
+slot. It owns the slots and their state; the backend owns the graphs and the KV buffers."""
 
 from __future__ import annotations
 
@@ -7,9 +7,12 @@ from typing import Protocol
 
 import torch
 
-from .artifact import Geometry
-from .hostside import HostInputs
-from .sampling import argmax
+from contract.artifact import Geometry
+from contract.errors import Gemma4Error
+from contract.greedy import argmax
+from contract.hostside import HostInputs
+
+from .slots import Slot, SlotState
 
 
 class Backend(Protocol):
@@ -21,11 +24,11 @@ class Backend(Protocol):
     def close(self) -> None: ...
 
 
-class PromptTooLong(ValueError):
+class PromptTooLong(Gemma4Error, ValueError):
     pass
 
 
-class ContextFull(RuntimeError):
+class ContextFull(Gemma4Error, RuntimeError):
     pass
 
 
@@ -34,7 +37,7 @@ class ModelRunner:
         self.geo = geo
         self.host = host
         self.backend = backend
-        self.positions: list[int | None] = [None] * geo.batch  # next write position per slot
+        self.slots = [Slot(i) for i in range(geo.batch)]
 
     @property
     def max_prompt(self) -> int:
@@ -53,8 +56,10 @@ class ModelRunner:
     def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
         """Raw logits (V,) at the graph dtype after the prompt; the slot's old KV is wholly replaced."""
         bucket = self.bucket_for(len(ids))
+        s = self.slots[slot]
+        s.state = SlotState.PREFILLING
         logits = self.backend.prefill(bucket, self.host.prefill(ids, bucket, slot))
-        self.positions[slot] = len(ids)
+        s.state, s.position = SlotState.DECODING, len(ids)
         return logits[0]
 
     def decode(self, tokens: dict[int, int]) -> dict[int, torch.Tensor]:
@@ -62,21 +67,21 @@ class ModelRunner:
         (converting a 262,144-wide bf16 row costs ~50 us, and greedy decoding never needs it)."""
         row: list[int | None] = [None] * self.geo.batch
         for slot, tok in tokens.items():
-            pos = self.positions[slot]
-            if pos is None:
-                raise RuntimeError(f"slot {slot} has no prompt")
-            if pos >= self.geo.kv_max:
+            s = self.slots[slot]
+            if s.state is not SlotState.DECODING:
+                raise RuntimeError(f"slot {slot} has no prompt ({s.state.value})")
+            if s.position >= self.geo.kv_max:
                 raise ContextFull(f"slot {slot} reached kv_max={self.geo.kv_max}")
             row[slot] = tok
-        positions = [p or 0 for p in self.positions]
-        keys = self.keys_for(max(self.positions[slot] for slot in tokens))
+        positions = [s.position for s in self.slots]
+        keys = self.keys_for(max(self.slots[slot].position for slot in tokens))
         logits = self.backend.decode(keys, self.host.decode(row, positions, keys=keys))
         for slot in tokens:
-            self.positions[slot] += 1
+            self.slots[slot].position += 1
         return {slot: logits[slot] for slot in tokens}
 
     def free(self, slot: int) -> None:
-        self.positions[slot] = None
+        self.slots[slot].release()
 
     def greedy(self, ids: list[int], steps: int, slot: int = 0) -> tuple[list[int], list[torch.Tensor]]:
         """Greedy continuation of one prompt: tokens and the raw logits (float32) that chose each."""

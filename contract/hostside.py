@@ -10,9 +10,7 @@ import numpy as np
 import torch
 
 from .artifact import HOST_TABLES, Geometry
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-BITS = {torch.float32: torch.int32, torch.bfloat16: torch.int16}  # numpy has no bfloat16: rows move as bits
+from .dtypes import BITS, DTYPES
 
 
 class HostTables:
@@ -25,10 +23,6 @@ class HostTables:
         with safe_open(str(Path(folder) / HOST_TABLES), framework="pt") as f:
             self.embed = f.get_tensor("embed_tokens_scaled")  # (V, H)
             self.ple = f.get_tensor("embed_tokens_per_layer_scaled") if geo.ple_dim else None  # (V, L*P)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in (self.embed, self.ple) if t is not None)
 
 
 def scaled_tables(embed: torch.Tensor, ple: torch.Tensor | None, geo: Geometry) -> dict[str, torch.Tensor]:

@@ -11,6 +11,7 @@ from typing import Literal
 from pydantic import ValidationError
 
 from .errors import Gemma4Error
+from .files import read_parsed
 from .typed import Frozen
 
 ARTIFACT_FORMAT = 3  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill
@@ -91,12 +92,8 @@ def sha256(path: Path) -> str:
 
 def load_meta(folder: str | Path) -> ArtifactMeta:
     path = Path(folder) / "artifact.json"
-    try:
-        raw = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ArtifactError(f"{path} is missing: {folder} is not an artifact made by `build.py compile`") from None
-    except json.JSONDecodeError as exc:
-        raise ArtifactError(f"{path} is not valid JSON: {exc}") from None
+    raw = read_parsed(path, json.loads, ArtifactError, syntax="JSON",
+                      missing=f"{path} is missing: {folder} is not an artifact made by `build.py compile`")
     if raw.get("format") != ARTIFACT_FORMAT:
         raise ArtifactError(f"{path}: artifact format {raw.get('format')!r}, this runtime reads {ARTIFACT_FORMAT}")
     try:

@@ -1,6 +1,6 @@
 """Everything the host computes for a graph call: embedding and PLE lookups, rotary tables, masks,
 and the one-hot selectors. Kept off the device on purpose: a vocab-sized table or a data-dependent
-index in the graph breaks the Neuron compiler (see the seed report)."""
+index in the graph breaks the Neuron compiler."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from contract.errors import Gemma4Error
+from contract.files import read_parsed
 
 from .manifest import Manifest, RandomModel
 from .tokenizer import END_TURN_ID, EOS_ID, train_tokenizer
@@ -129,10 +130,8 @@ def read_text_config(folder: Path):
     """The text-decoder config, whether the checkpoint is multimodal, unified or text-only."""
     from transformers import Gemma4TextConfig
 
-    try:
-        raw = json.loads((folder / "config.json").read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{folder}/config.json is missing") from None
+    raw = read_parsed(folder / "config.json", json.loads, CheckpointError, missing=f"{folder}/config.json is missing",
+                      syntax="JSON")
     model_type = raw.get("model_type")
     if model_type not in TEXT_MODEL_TYPES:
         raise CheckpointError(f"{folder}/config.json: model_type {model_type!r} is not one of {TEXT_MODEL_TYPES}")

@@ -14,7 +14,7 @@ def _pattern(sliding: int, repeats: int) -> list[str]:
 _COMMON = dict(vocab_size=262_144, vocab_size_per_layer_input=262_144, head_dim=256, global_head_dim=512,
                final_logit_softcapping=30.0, tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh")
 
-# Published shapes (see ../shared/notes/gemma4-architecture.md), used when config.json cannot be fetched.
+# The published checkpoints' config.json shapes, used when config.json cannot be fetched.
 KNOWN_TEXT_CONFIGS: dict[str, dict] = {
     "google/gemma-4-E2B-it": _COMMON | dict(
         hidden_size=1536, intermediate_size=6144, num_hidden_layers=35, layer_types=_pattern(4, 7),

@@ -31,8 +31,8 @@ class _FlatGraph(nn.Module):
     def __init__(self, decoder: Gemma4Decoder):
         super().__init__()
         self.decoder = decoder
-        self.names = input_names(decoder.m, self.graph)
-        self.widths = rope_widths(decoder.m)
+        self.names = input_names(decoder.shard, self.graph)
+        self.widths = rope_widths(decoder.shard)
 
     def _unpack(self, args):
         if len(args) != len(self.names):

@@ -16,14 +16,14 @@ import json
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Literal
 
 from contract.errors import Gemma4Error
 
+from . import ROOT
 from .manifest import Manifest
 
-TEMPLATES = Path(__file__).resolve().parents[1] / "images"
+TEMPLATES = ROOT / "images"
 
 KINDS = ("base", "slim", "tp2-slim")
 SLIM_TP = {"slim": 1, "tp2-slim": 2}

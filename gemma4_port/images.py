@@ -27,9 +27,9 @@ from .imageplan import (
     python_requirements,
     render_dockerfile,
 )
+from . import ROOT
 from .manifest import Manifest, load_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
 # Host tools, not image contents: the images run the server and the build tools, nothing else.
 HOST_ONLY = {"docker", "matplotlib", "torch", "transformers"}  # torch / transformers are pinned by the plan
 WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")

@@ -1,6 +1,6 @@
 """Graph lint: refuse a traced graph holding ops that break neuronx-cc, before a two-hour compile.
 
-Each rule is a pitfall of the seed report: data-dependent indexing and scatter, `nonzero`, table
+Each rule is an op that an earlier Gemma port to Inferentia2 hit: data-dependent indexing and scatter, `nonzero`, table
 lookups (a vocab-sized table on the device), fused SDPA (overflowed SBUF at sliding window 1024),
 a transcendental over a row wider than one 196,608-byte SBUF partition (the vocab-wide softcap
 tanh), and control flow (a static graph has none)."""

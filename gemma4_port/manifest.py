@@ -9,6 +9,7 @@ import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from contract.errors import Gemma4Error
+from contract.files import read_parsed
 from contract.typed import Frozen
 
 
@@ -144,12 +145,8 @@ def parse_manifest(data: Any, origin: str) -> Manifest:
 
 def load_manifest(path: str | Path) -> Manifest:
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise ManifestError(f"{path}: no such manifest file") from None
-    except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: not valid YAML: {exc}") from None
+    data = read_parsed(path, yaml.safe_load, ManifestError, missing=f"{path}: no such manifest file", syntax="YAML",
+                       syntax_errors=(yaml.YAMLError,))
     if not isinstance(data, dict):
         raise ManifestError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return parse_manifest({**data, "path": path}, str(path))

@@ -246,7 +246,7 @@ class Gemma4Decoder(nn.Module):
             ple = self.project_ple(h, ple)
         fresh: list[tuple[torch.Tensor, torch.Tensor]] = []
         for layer in self.layers:
-            s = layer.s
+            s = layer.shard
             if s.index == self.shard.first_shared:
                 # kv-shared layers write no cache: only the last position feeds the logits.
                 pick = last.unsqueeze(1)  # (1, 1, S)
@@ -288,7 +288,7 @@ class Gemma4Decoder(nn.Module):
         oh = write.view(B, 1, T, 1).to(kv[0].dtype)  # (B, 1, T, 1)
         window = [t[:, :, :T] for t in kv]  # (B, KVH, T, D)
         for layer in self.layers:
-            s = layer.s
+            s = layer.shard
             cos, sin = rope[s.kind]
             x = layer.input_layernorm(h)
             q = layer.self_attn.query(x, cos, sin)

@@ -162,7 +162,7 @@ def empty_decoder(shard: ModelShard, dtype: torch.dtype) -> Gemma4Decoder:
 @torch.no_grad()
 def load_buffers(decoder: Gemma4Decoder, reader: CheckpointReader) -> None:
     """NxD loads parameters, not buffers, and a buffer is traced in as it is: layer_scalar (~0.06)
-    must hold the checkpoint's value before tracing or every layer over-scales (seed pitfall)."""
+    must hold the checkpoint's value before tracing or every layer over-scales."""
     buffers = dict(decoder.named_buffers())
     for e in decoder.weight_map():
         if e.name in buffers:

@@ -1,6 +1,6 @@
 """Tensor-parallel sharding rules as data: which tensors split along which dim, per rank.
 
-"Divide everything by tp" is wrong three ways on Gemma-4 (see the seed report): kv-shared layers
+"Divide everything by tp" is wrong three ways on Gemma-4: kv-shared layers
 have no K/V of their own and must agree with their owner; GQA heads split with their query groups
 only when the KV heads divide; KV heads that do not divide (nkv 1) are replicated, and the query
 groups are recomputed from the *original* head counts.

@@ -1,5 +1,5 @@
 """`build.py plan`: the byte counts and verdicts for the real E2B / E4B / 12B configs (shapes only,
-no weights), pinned against the seed report's experience."""
+no weights), pinned against the numbers an earlier inf2 port measured."""
 
 import subprocess
 import sys
@@ -20,7 +20,7 @@ XLARGE, X8LARGE = INSTANCES
 DEVICE = {"e2b": (2_279_759_139, 1_369_070_883), "e4b": (4_644_441_130, 2_699_332_650),
           "12b": (11_907_350_320, 6_465_240_880)}
 TABLES = {"e2b": 2_751_463_424, "e4b": 3_489_660_928, "12b": 1_006_632_960}
-PUBLISHED_TEXT_PARAMS = {"e2b": 4.63e9, "e4b": 7.46e9, "12b": 11.9e9}  # notes/gemma4-architecture.md
+PUBLISHED_TEXT_PARAMS = {"e2b": 4.63e9, "e4b": 7.46e9, "12b": 11.9e9}  # the model cards' text parameter counts
 
 
 @pytest.fixture(scope="module")

@@ -67,9 +67,9 @@ def test_kv_buffers_only_for_layers_that_own_a_cache():
 
 def test_k_eq_v_global_layer_has_no_v_proj():
     _, _, shard, _, decoder, _ = _setup("tiny-12b")
-    full = [layer for layer in decoder.layers if layer.s.kind == "full"]
+    full = [layer for layer in decoder.layers if layer.shard.kind == "full"]
     assert full and all(layer.self_attn.v_proj is None for layer in full)
-    assert all(layer.s.kv_heads == 1 for layer in full)
+    assert all(layer.shard.kv_heads == 1 for layer in full)
 
 
 @pytest.mark.parametrize("drop", ["layers.2.layer_scalar", "layers.0.self_attn.k_norm.weight", "norm.weight"])

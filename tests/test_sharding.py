@@ -1,6 +1,6 @@
 """The sharding plan on the real E2B / E4B / 12B configs, built on the meta device (no weights).
 
-Each of the three kinds of "mixed heads" of the seed report has its own test: kv-shared layers
+Each of the three kinds of "mixed heads" has its own test: kv-shared layers
 agree with their owner, GQA splits whole query groups, undividable KV heads are replicated with
 query groups from the original head counts."""
 
@@ -108,7 +108,7 @@ def test_the_mapping_check_catches_the_seeds_halved_width_bug():
     """The seed computed groups from q_proj.out_features // head_dim *after* sharding q_proj."""
     config = real("gemma-4-12b")
     decoder = meta_decoder(config, 2, 1)
-    s = next(layer.s for layer in decoder.layers if layer.s.kind == "full")
+    s = next(layer.shard for layer in decoder.layers if layer.shard.kind == "full")
     halved_nq = decoder.layers[s.index].self_attn.q_proj.out_features // s.head_dim  # 8, not 16
     buggy = dataclasses.replace(s, groups=(halved_nq // 2) // s.kv_heads_total)
     group = config.num_attention_heads // s.kv_heads_total
@@ -154,7 +154,7 @@ def test_each_ranks_module_shapes_are_what_the_plan_says(config, tp):
         decoder = meta_decoder(config, tp, rank)
         H = m.hidden
         for layer in decoder.layers:
-            s, a = layer.s, layer.self_attn
+            s, a = layer.shard, layer.self_attn
             assert a.q_proj.weight.shape == (s.q_heads * s.head_dim, H)
             assert a.o_proj.weight.shape == (H, s.q_heads * s.head_dim)
             if s.owns_cache:

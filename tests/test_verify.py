@@ -1,4 +1,4 @@
-"""`build.py verify`: the done-when runs, and one test per pitfall of the seed report."""
+"""`build.py verify`: compile then verify, and one test per way an artifact can be silently wrong."""
 
 import json
 import os

@@ -25,10 +25,11 @@ from rich.console import Console
 from contract.artifact import load_meta
 from contract.tokenizer import load_tokenizer
 
+from .. import ROOT
 from ..manifest import Manifest, Variant, load_manifest, parse_manifest
 from . import batching, concurrency, host_overhead, memory, report, throughput
 from .errors import BenchError
-from .server import ROOT, Server
+from .server import Server
 
 SCALE_MANIFEST = {"tiny": ROOT / "manifests/tiny-e2b.yaml", "small": ROOT / "manifests/small-e2b.yaml"}
 MB = 1 << 20

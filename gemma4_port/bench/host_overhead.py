@@ -20,15 +20,15 @@ from contract.hostside import HostInputs
 from runtime.detok import TextStream
 from runtime.sampling import SamplingParams, sample
 
+from .. import ROOT
 from ..configs import text_config_for
 from ..manifest import load_manifest
 from ..sharding import shard_model
 from ..tracing import geometry
-from .server import ROOT
 from .stats import summary
 
 REAL_MANIFEST = ROOT / "manifests/gemma-4-e2b.yaml"
-DEVICE_STEP_MS = 22.0  # ~44 tok/s: the E2B decode step on one NeuronCore (seed report)
+DEVICE_STEP_MS = 22.0  # ~44 tok/s: an E2B decode step on one NeuronCore, as an earlier port measured it
 ID_POOL = 4096  # distinct token ids looked up (their rows are the only ones written)
 SAMPLERS = {
     "greedy": SamplingParams(temperature=0.0),

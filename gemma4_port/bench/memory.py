@@ -15,8 +15,9 @@ from pathlib import Path
 
 from contract.artifact import HOST_TABLES, ArtifactMeta
 
+from .. import ROOT
 from .errors import BenchError
-from .server import MODEL_MODULE, ROOT
+from .server import MODEL_MODULE
 
 MB = 1 << 20
 

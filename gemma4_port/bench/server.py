@@ -19,9 +19,9 @@ from pathlib import Path
 import psutil
 import requests
 
+from .. import ROOT
 from .errors import BenchError
 
-ROOT = Path(__file__).resolve().parents[2]
 MODEL_MODULE = "transformers.modeling_utils"
 IMPORT_LOG_PREFIX = "import time:"
 ARMED_BY = "runtime.model.loader"  # seen in the log: the import log covers the code that loads the model

@@ -45,7 +45,7 @@ def join_kv(ranks: list[list[torch.Tensor]], ranges) -> list[torch.Tensor]:
 
 def live_states(module) -> list[torch.Tensor]:
     """A traced module's state tensors as they are now. Loading moves them to the device and
-    replaces the parameters: tensors read before that are orphaned CPU copies (seed pitfall)."""
+    replaces the parameters: tensors read before that are orphaned CPU copies."""
     params = dict(module.states.named_parameters())
     return [params[str(i)] for i in range(len(params))]
 

@@ -24,7 +24,7 @@ def gunicorn_options(settings: Settings) -> dict:
     return {
         "bind": [f"{settings.host}:{settings.port}"],
         "workers": 1,
-        "worker_class": "gthread",
+        "worker_class": "runtime.httpworker.ReadAheadWorker",  # gthread, each request read by the main loop first
         # Every running, queued or streaming request holds a thread; the spare ones answer probes and
         # scrapes, and a queue-full 503, while the queue is full.
         "threads": settings.queue_max + 32,

@@ -1,0 +1,208 @@
+"""Hostile clients against a real server on loopback, and what the well-behaved ones see meanwhile.
+
+Three kinds of connection that cost a threaded server a thread each (issue: slow and idle clients):
+- slow: a request line and `Host`, then one header line every `trickle_s` (the slow-header attack);
+- idle: connect and send nothing;
+- closers: a whole request with `Connection: close`, after which the client never closes its side.
+Every kind is bounded in count and in time; a connection the server closes is opened again, so the
+pressure stays constant. Meanwhile a probe asks `/health` on a fresh connection every `probe_s`
+(as a kubelet does) and completions run one after another; the same is measured on the idle server
+first, so the result is a ratio measured side by side.
+
+    python -m gemma4_port.bench.hostile ARTIFACT_DIR [--slow 200] [--idle 200] [--seconds 30]"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import http.client
+import json
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .stats import summary
+
+HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+CLOSER = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+MAX_CONNECTIONS = 1000  # hard cap on the sockets this module opens at once
+
+
+@dataclass
+class Attack:
+    slow: int = 200
+    idle: int = 200
+    closers_per_s: float = 0.0  # new Connection: close clients a second (each held open for the run)
+    trickle_s: float = 2.0
+
+    def __post_init__(self):
+        if self.slow + self.idle > MAX_CONNECTIONS:
+            raise ValueError(f"at most {MAX_CONNECTIONS} hostile connections, asked for {self.slow + self.idle}")
+
+
+@dataclass
+class Pressure:
+    """Hostile sockets held open from a thread of their own until `stop()`."""
+
+    host: str
+    port: int
+    attack: Attack
+    reopened: int = 0  # connections the server closed (a timeout working) and were opened again
+    _stop: threading.Event = field(default_factory=threading.Event)
+    _threads: list = field(default_factory=list)
+
+    def _open(self, first: bytes = b"") -> socket.socket | None:
+        try:
+            s = socket.create_connection((self.host, self.port), timeout=2)
+            if first:
+                s.sendall(first)
+            s.setblocking(False)
+            return s
+        except OSError:
+            return None
+
+    def _alive(self, s: socket.socket) -> bool:
+        try:
+            return s.recv(65536) != b""  # anything from the server (a 408) also ends this client
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+
+    def _hold(self, count: int, first: bytes, line: bytes | None) -> None:
+        socks = [self._open(first) for _ in range(count)]
+        while not self._stop.wait(self.attack.trickle_s):
+            for i, s in enumerate(socks):
+                ok = s is not None and self._alive(s)
+                if ok and line:
+                    try:
+                        s.send(line)
+                    except OSError:
+                        ok = False
+                if not ok:
+                    if s is not None:
+                        s.close()
+                        self.reopened += 1
+                    socks[i] = self._open(first)
+        for s in socks:
+            if s is not None:
+                s.close()
+
+    def _closers(self) -> None:
+        held = []
+        while not self._stop.wait(1 / self.attack.closers_per_s):
+            if len(held) < MAX_CONNECTIONS // 4:
+                s = self._open(CLOSER)
+                if s is not None:
+                    held.append(s)
+        for s in held:
+            s.close()
+
+    def start(self) -> Pressure:
+        jobs = [(self.attack.slow, HEAD, b"X-Trickle: 1\r\n"), (self.attack.idle, b"", None)]
+        self._threads = [threading.Thread(target=self._hold, args=job, daemon=True) for job in jobs if job[0]]
+        if self.attack.closers_per_s:
+            self._threads.append(threading.Thread(target=self._closers, daemon=True))
+        for t in self._threads:
+            t.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(30)
+
+
+def probe(host: str, port: int, timeout: float = 5.0) -> float | None:
+    """Seconds for GET /health on a new connection; None when it failed or took longer than timeout."""
+    start = time.perf_counter()
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("GET", "/health")
+        resp = conn.getresponse()
+        resp.read()
+        return time.perf_counter() - start if resp.status == 200 else None
+    except OSError:
+        return None
+    finally:
+        conn.close()
+
+
+def complete(host: str, port: int, model: str, headers: dict[str, str], max_tokens: int = 16,
+             timeout: float = 60.0) -> float | None:
+    body = json.dumps({"model": model, "prompt": "hello world", "max_tokens": max_tokens, "temperature": 0})
+    start = time.perf_counter()
+    conn = http.client.HTTPConnection(host, port, timeout=timeout)
+    try:
+        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"} | headers)
+        resp = conn.getresponse()
+        resp.read()
+        return time.perf_counter() - start if resp.status == 200 else None
+    except OSError:
+        return None
+    finally:
+        conn.close()
+
+
+def measure(host: str, port: int, model: str, seconds: float, probe_s: float = 0.1,
+            headers: dict[str, str] | None = None) -> dict:
+    """/health on fresh connections every probe_s and completions back to back, for `seconds`."""
+    probes, completions = [], []
+    stop = time.monotonic() + seconds
+
+    def completer():
+        while time.monotonic() < stop:
+            completions.append(complete(host, port, model, headers or {}))
+
+    worker = threading.Thread(target=completer, daemon=True)
+    worker.start()
+    while time.monotonic() < stop:
+        probes.append(probe(host, port))
+        time.sleep(probe_s)
+    worker.join(90)
+    ok_probes = [p for p in probes if p is not None]
+    ok_completions = [c for c in completions if c is not None]
+    return {"health_ms": summary(ok_probes, 1e3), "health_failed": len(probes) - len(ok_probes),
+            "completion_ms": summary(ok_completions, 1e3), "completion_failed": len(completions) - len(ok_completions)}
+
+
+def run(host: str, port: int, model: str, attack: Attack, seconds: float, warmup_s: float = 5.0,
+        headers: dict[str, str] | None = None) -> dict:
+    """The idle server, then the same under attack (after warmup_s for the connections to pile up)."""
+    idle = measure(host, port, model, seconds, headers=headers)
+    pressure = Pressure(host, port, attack).start()
+    try:
+        time.sleep(warmup_s)
+        attacked = measure(host, port, model, seconds, headers=headers)
+    finally:
+        pressure.stop()
+    ratio = attacked["completion_ms"]["p50"] / idle["completion_ms"]["p50"]
+    return {"attack": vars(attack), "idle": idle, "attacked": attacked, "completion_ratio_p50": ratio,
+            "reopened": pressure.reopened}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .server import Server
+
+    p = argparse.ArgumentParser(prog="python -m gemma4_port.bench.hostile", description=__doc__.split("\n\n")[0])
+    p.add_argument("artifact", type=Path, help="a compiled artifact directory to serve")
+    p.add_argument("--slow", type=int, default=200, help="slow-header connections (default 200)")
+    p.add_argument("--idle", type=int, default=200, help="idle connections (default 200)")
+    p.add_argument("--closers", type=float, default=0.0,
+                   help="new `Connection: close` clients a second that never close (default 0)")
+    p.add_argument("--seconds", type=float, default=20.0, help="length of each measurement (default 20)")
+    p.add_argument("--logs", type=Path, default=Path("artifacts/hostile-logs"), help="server logs")
+    args = p.parse_args(argv)
+    attack = Attack(args.slow, args.idle, args.closers)
+    with Server(args.artifact, args.logs, env={"OMP_NUM_THREADS": "1"}) as server:
+        result = run("127.0.0.1", server.port, server.model, attack, args.seconds)
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(main())

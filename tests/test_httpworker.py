@@ -1,0 +1,175 @@
+"""runtime/httpworker.py: requests are read by gunicorn's main loop, so slow and idle clients cost a
+socket, never a thread; HTTP edge cases get their 4xx at once, as OpenAI JSON. The framing rules
+are pure and tested alone; the rest against the real server (`build.py serve`) over raw sockets."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+
+import pytest
+import requests
+
+from gemma4_port.bench.hostile import Attack, Pressure, complete, probe
+from gemma4_port.bench.server import Server
+from runtime.httpworker import HEADER_TIMEOUT_S, MAX_HEAD_BYTES, READY, framing
+
+LIMIT = 65536
+HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+
+
+def chunked(*parts: bytes, sizes: list[bytes] | None = None) -> bytes:
+    sizes = sizes or [b"%x" % len(p) for p in parts]
+    return b"".join(s + b"\r\n" + p + b"\r\n" for s, p in zip(sizes, parts)) + b"0\r\n\r\n"
+
+
+@pytest.mark.parametrize("raw, verdict", [
+    (HEAD, None),  # the head has not ended
+    (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", READY),
+    (HEAD + b"Content-Length: 10\r\n\r\n12345", None),
+    (HEAD + b"Content-Length: 10\r\n\r\n1234567890", READY),
+    (HEAD + b"Content-Length: 99999999\r\n\r\n", READY),  # refused by the app before a byte is read
+    (HEAD + b"Content-Length: 10\r\nExpect: 100-continue\r\n\r\n", READY),  # the client waits for us
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(b"hello", b"world"), READY),
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(b"hello")[:-2], None),  # no final empty line yet
+    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n", READY),
+    (b"GET / HTTP/1.1\r\nX: " + b"a" * (MAX_HEAD_BYTES + 1), READY),  # gunicorn's parser names the limit
+])
+def test_framing_waits_for_the_whole_request(raw, verdict):
+    assert framing(raw, LIMIT) == verdict
+
+
+@pytest.mark.parametrize("sizes, status", [
+    ([b"zz"], 400), ([b"-5"], 400), ([b""], 400), ([b"0x5"], 400),
+    ([b"ffffffffffff"], 413),  # a huge size is refused from its size line, not waited for
+])
+def test_framing_refuses_broken_or_oversized_chunks_at_once(sizes, status):
+    raw = HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(s + b"\r\n" for s in sizes)
+    assert framing(raw, LIMIT)[0] == status
+
+
+def test_framing_sums_the_chunks_against_the_limit():
+    first = b"8000\r\n" + b"a" * 0x8000 + b"\r\n"
+    raw = HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + first + b"8001\r\n"  # each fits, their sum does not
+    assert framing(raw, LIMIT)[0] == 413
+
+
+def test_framing_refuses_chunk_data_without_crlf():
+    raw = HEAD + b"Transfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n"
+    assert framing(raw, LIMIT)[0] == 400
+
+
+@pytest.fixture(scope="module")
+def server(compiled, tmp_path_factory):
+    env = {"GEMMA4_MAX_BODY_BYTES": str(LIMIT), "GEMMA4_QUEUE_MAX": "2", "OMP_NUM_THREADS": "1"}
+    with Server(compiled("tiny-e2b", "fp32"), tmp_path_factory.mktemp("httpworker-logs"), 300, env) as s:
+        yield s
+
+
+def exchange(server, raw: bytes, timeout: float = 10.0) -> tuple[int, dict, float]:
+    """Send raw bytes, read until the server closes -> (status, JSON body, seconds to the answer)."""
+    start = time.perf_counter()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=timeout) as s:
+        s.sendall(raw)
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+            if b"\r\n\r\n" in data:
+                head, _, body = data.partition(b"\r\n\r\n")
+                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                               if line.lower().startswith(b"content-length:")), None)
+                if length is not None and len(body) >= length:
+                    break
+    head, _, body = data.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower(), data[:300]
+    return int(head.split()[1]), json.loads(body), time.perf_counter() - start
+
+
+def request_body(server) -> bytes:
+    return json.dumps({"model": server.model, "prompt": "hello", "max_tokens": 2, "temperature": 0}).encode()
+
+
+def test_slow_and_idle_clients_leave_health_and_completions_working(server):
+    """More slow-header and idle connections than the worker has threads (queue 2 + 32)."""
+    pressure = Pressure("127.0.0.1", server.port, Attack(slow=60, idle=60, trickle_s=1.0)).start()
+    try:
+        time.sleep(2.5)  # every connection is open and the slow ones have sent a few lines
+        probes = [probe("127.0.0.1", server.port, timeout=5) for _ in range(10)]
+        assert all(p is not None for p in probes), probes
+        assert complete("127.0.0.1", server.port, server.model, {}, max_tokens=4, timeout=30) is not None
+    finally:
+        pressure.stop()
+
+
+def test_a_slow_head_gets_a_408_after_the_header_timeout(server):
+    with socket.create_connection(("127.0.0.1", server.port), timeout=HEADER_TIMEOUT_S + 5) as s:
+        s.sendall(HEAD)
+        start = time.perf_counter()
+        for _ in range(3):
+            time.sleep(1)
+            s.sendall(b"X-Slow: 1\r\n")
+        answer = s.recv(65536)
+        waited = time.perf_counter() - start
+    assert answer.startswith(b"HTTP/1.1 408 ") and b'"code": "request_timeout"' in answer
+    assert HEADER_TIMEOUT_S - 2 < waited < HEADER_TIMEOUT_S + 3
+
+
+def test_connection_close_clients_that_never_close_do_not_stall_the_server(server):
+    """gthread's graceful close blocked the main loop up to 2 s for each such client."""
+    held = []
+    start = time.perf_counter()
+    for _ in range(5):
+        s = socket.create_connection(("127.0.0.1", server.port), timeout=5)
+        s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+        held.append(s)  # never closed by us until the end
+    assert probe("127.0.0.1", server.port) is not None
+    elapsed = time.perf_counter() - start
+    for s in held:
+        s.close()
+    assert elapsed < 3.0, f"5 lingering closes took {elapsed:.1f} s"
+
+
+@pytest.mark.parametrize("body, status", [
+    (b"zz\r\nhello\r\n0\r\n\r\n", 400),
+    (b"-5\r\nhello\r\n0\r\n\r\n", 400),
+    (b"ffffffffffffff\r\n", 413),  # the client would go on sending: answered from the size line
+    (b"%x\r\n" % (3 * LIMIT) + b" " * 1000, 413),
+])
+def test_malformed_or_oversized_chunked_bodies_are_refused_at_once(server, body, status):
+    got, error, seconds = exchange(server, HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + body)
+    assert got == status and error["error"]["message"]
+    assert seconds < 2.0
+
+
+def test_a_padded_chunked_body_over_the_limit_is_a_413_not_cut(server):
+    padded = request_body(server)[:-1] + b"," + b" " * (3 * LIMIT) + b'"x": 1}'
+    parts = [padded[i:i + 8192] for i in range(0, len(padded), 8192)]
+    status, error, _ = exchange(server, HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(*parts))
+    assert status == 413 and error["error"]["code"] == "request_entity_too_large"
+
+
+def test_a_well_formed_chunked_body_is_served(server):
+    body = request_body(server)
+    status, answer, _ = exchange(server, HEAD + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
+                                 + chunked(body[:10], body[10:]), timeout=60)
+    assert status == 200 and answer["choices"][0]["text"] is not None
+
+
+@pytest.mark.parametrize("raw, status", [
+    (b"GARBAGE\r\n\r\n", 400),
+    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+    (b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(120)) + b"\r\n", 431),
+    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\nContent-Length: 2\r\n\r\n{}", 417),
+])
+def test_gunicorns_own_errors_are_openai_json(server, raw, status):
+    got, error, _ = exchange(server, raw)
+    assert got == status and set(error["error"]) == {"message", "type", "param", "code"}
+
+
+def test_keepalive_requests_on_one_connection_are_read_ahead_too(server):
+    with requests.Session() as session:
+        for _ in range(3):
+            assert session.get(f"{server.url}/health", timeout=10).status_code == 200

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import datetime
 import json
+import socket
 import time
 import uuid
+from collections.abc import Callable
 from typing import Annotated, Literal
 
 from flask import Blueprint, Response, current_app, jsonify, request
@@ -212,6 +214,24 @@ def usage(done: Finished) -> dict:
             "total_tokens": done.prompt_tokens + done.completion_tokens}
 
 
+def client_gone(environ) -> Callable[[], bool]:
+    """Whether the client closed its connection while a whole answer is being made: its socket (which
+    gunicorn hands the app) reads as closed. A stream notices by failing to write instead."""
+    sock = environ.get("gunicorn.socket")
+
+    def gone() -> bool:
+        if sock is None:
+            return False
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
+    return gone
+
+
 def respond(job: Job, body: _Body, model: str, chat: bool):
     shape = _Shape(chat, model)
     if body.stream:
@@ -219,13 +239,15 @@ def respond(job: Job, body: _Body, model: str, chat: bool):
         return Response(stream(job, shape, include_usage), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
     parts = []
-    for event in job.events():
+    for event in job.events(abandoned=client_gone(request.environ)):
         if isinstance(event, Delta):
             parts.append(event.text)
         elif isinstance(event, Failed):
             raise APIError(503, f"generation failed: {event.message}", code="engine_error")
         else:
             done = event
+    if done.reason == "cancelled":  # nobody reads this; the access log shows nginx's "client closed" status
+        raise APIError(499, "the client closed the connection before the answer was ready", code="client_closed")
     return jsonify(shape.envelope([shape.choice("".join(parts), done.reason, chunk=False)], chunk=False,
                                   usage=usage(done)))
 

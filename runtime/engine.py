@@ -11,6 +11,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -28,6 +29,7 @@ from .settings import Settings, check_backend
 log = logging.getLogger("gemma4.engine")
 
 IDLE_POLL_S = 0.1  # how often an idle engine looks up from the queue to notice a shutdown
+ABANDON_POLL_S = 0.05  # how often a waiting request asks whether its client is still there
 
 
 class State(str, Enum):
@@ -115,10 +117,21 @@ class Job:
     def put(self, event: Event) -> None:
         self._events.put(event)
 
-    def events(self):
-        """Deltas, then exactly one Finished or Failed."""
+    def events(self, abandoned: Callable[[], bool] | None = None):
+        """Deltas, then exactly one Finished or Failed. `abandoned` (the client left?) is asked every
+        ABANDON_POLL_S meanwhile; once it says yes the job is cancelled and Finished("cancelled") follows."""
+        check = time.monotonic() + ABANDON_POLL_S
         while True:
-            event = self._events.get()
+            try:
+                event = self._events.get(timeout=None if abandoned is None else max(0.0, check - time.monotonic()))
+            except queue.Empty:
+                event = None
+            if abandoned is not None and time.monotonic() >= check:
+                check = time.monotonic() + ABANDON_POLL_S
+                if not self.cancelled and abandoned():
+                    self.cancel()
+            if event is None:
+                continue
             yield event
             if not isinstance(event, Delta):
                 return
@@ -326,4 +339,6 @@ class Engine:
             rest = live.text.flush()
             if rest:
                 live.job.put(Delta(rest))
+            if live.text.stopped:  # a stop string completed by the flush (one holding U+FFFD)
+                reason = "stop"
         live.job.put(Finished(reason, len(live.job.prompt), live.generated))

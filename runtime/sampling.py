@@ -22,17 +22,21 @@ from contract.greedy import argmax, softcap
 # either way.
 CANDIDATES = (64, 2048)
 DRAW_BLOCK = 512
+# A temperature below this samples greedily (vLLM's _SAMPLING_EPS in vllm/sampling_params.py): any other
+# token's weight exp(-gap / t) is 0 in float32 there anyway, and from ~1e-8 down the scaled rows
+# overflow or lose the max to rounding (NaN or wrong draws).
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    temperature: float = 1.0  # 0 = greedy
+    temperature: float = 1.0  # below GREEDY_BELOW (0 included) = greedy
     top_p: float = 1.0  # (0, 1]; 1 = off
     top_k: int = 0  # 0 = off
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def row_weights(x: np.ndarray, cap: float | None, temperature: float) -> np.ndarray:

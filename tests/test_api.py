@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 
@@ -199,6 +200,31 @@ def test_full_queue_answers_503_with_retry_after(client, engine, monkeypatch):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     assert client.get("/ready").status_code == 200
+
+
+@pytest.mark.parametrize("peer_closes", [True, False], ids=["client-left", "client-waits"])
+def test_a_client_that_leaves_a_whole_answer_frees_its_slot(client, engine, monkeypatch, peer_closes):
+    """Non-streaming: nothing is written until the end, so the client's socket is watched meanwhile."""
+    gate, decode = threading.Event(), engine.model.runner.decode
+    monkeypatch.setattr(engine.model.runner, "decode", lambda tokens: gate.wait(30) and decode(tokens))
+    ours, peer = socket.socketpair()
+    if peer_closes:
+        peer.close()
+    out = {}
+    body = {"model": MODEL, "messages": HI, "max_tokens": 40, "temperature": 0}
+    worker = threading.Thread(target=lambda: out.update(resp=client.post(
+        CHAT, json=body, environ_base={"gunicorn.socket": ours})))
+    worker.start()
+    time.sleep(0.5)  # the job is in its slot, at the gate, and the client's socket was looked at
+    gate.set()
+    worker.join(60)
+    if peer_closes:
+        assert_error(out["resp"], 499, code="client_closed")
+    else:
+        assert out["resp"].status_code == 200 and out["resp"].get_json()["usage"]["completion_tokens"] == 40
+        peer.close()
+    ours.close()
+    assert engine.busy_slots == 0 and client.get("/ready").status_code == 200
 
 
 def test_metrics_count_requests_by_endpoint_and_status(client):

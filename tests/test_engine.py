@@ -131,6 +131,23 @@ def test_stop_string_and_finish_reasons(b4):
     assert done.reason == "stop" and stopped == text[: text.find(stop)]
 
 
+def test_a_stop_string_matched_only_by_the_final_flush_finishes_with_stop(b4):
+    """U+FFFD is released only by the flush at the end (an unfinished UTF-8 character): a stop
+    string holding it cut the text but reported "length"."""
+    hot = SamplingParams(temperature=1.0)
+    for seed in range(80):
+        prompt = [(seed * 7919 + j * 104729) % b4.geometry.vocab for j in range(5)]
+        job = submit(b4, prompt, 20, hot, seed=seed)
+        parts = [e.text for e in job.events() if not isinstance(e, Finished)]
+        if len(parts) > 1 and "\ufffd" in parts[-1] and "\ufffd" not in "".join(parts[:-1]):
+            break
+    else:
+        raise AssertionError("no sampled run ends in an unfinished character: the premise is gone")
+    text = "".join(parts)
+    stopped, done = run(b4, prompt, 20, hot, seed=seed, stop=("\ufffd",))
+    assert stopped == text[: text.find("\ufffd")] and done.reason == "stop"
+
+
 def test_same_seed_same_text_and_seeds_matter(b4):
     hot = SamplingParams(temperature=2.0, top_p=0.99, top_k=100)
     first = run(b4, PROMPTS[2], 10, hot, seed=1234)[0]

@@ -6,8 +6,10 @@ ignored). A request becomes an engine Job only once its prompt and max_tokens ar
 from __future__ import annotations
 
 import datetime
+import functools
 import json
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -16,6 +18,7 @@ from typing import Annotated, Literal
 from flask import Blueprint, Response, current_app, jsonify, request
 from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from .engine import Delta, DoesNotFit, Engine, Failed, Finished, Job, NotReady, QueueFull, State, token_budget
 from .errors import APIError
@@ -26,6 +29,7 @@ bp = Blueprint("openai", __name__, url_prefix="/v1")
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the room left
 MAX_STOPS = 16
 RETRY_AFTER_S = "1"
+_TOKENIZING = threading.Lock()
 
 
 def _stops(value) -> tuple[str, ...]:
@@ -106,7 +110,52 @@ def ready_engine() -> Engine:
 
 
 def parse(model: type[BaseModel]) -> BaseModel:
-    return model.model_validate_json(request.get_data())  # get_data enforces MAX_CONTENT_LENGTH (413)
+    return model.model_validate_json(read_body())
+
+
+def read_body() -> bytes:
+    """The whole body, at most MAX_CONTENT_LENGTH bytes (413 beyond, chunked or not: werkzeug stops a
+    chunked body at the limit without a word, so one byte more is asked for)."""
+    try:
+        data = request.get_data()  # a Content-Length over the limit is a 413 before any byte is read
+        if request.content_length is None and len(data) >= current_app.config["MAX_CONTENT_LENGTH"] \
+                and request.environ["wsgi.input"].read(1):
+            raise RequestEntityTooLarge()
+        return data
+    except HTTPException:
+        raise
+    except TimeoutError as exc:
+        raise APIError(408, str(exc), code="request_timeout") from None
+    except Exception as exc:  # the server's parser refused the body's framing (a bad chunk size ...)
+        raise APIError(400, f"the request body could not be read: {exc}", code="invalid_body") from None
+
+
+@functools.lru_cache(maxsize=4)
+def chars_per_token(tokenizer) -> int:
+    """The most characters one token of this tokenizer stands for (its longest vocabulary entry), so a
+    text of more than `tokens * chars_per_token` characters cannot be `tokens` tokens or fewer."""
+    return max(len(t) for t in tokenizer.get_vocab())
+
+
+def check_size(eng: Engine, texts: list[str], param: str) -> None:
+    """Refuse what cannot fit before templating or tokenizing it (a 1 MB prompt took ~1 s of CPU to
+    find out): at least one token per message, at most chars_per_token characters per token."""
+    most = eng.geometry.buckets[-1]
+    if len(texts) > most:
+        raise APIError(400, f"{len(texts)} messages are more than the largest prefill bucket of this model "
+                       f"({most} tokens) can hold", param=param, code="context_length_exceeded")
+    chars = sum(map(len, texts))
+    if chars > most * chars_per_token(eng.tokenizer):
+        raise APIError(400, f"the prompt has {chars} characters; the largest prefill bucket of this model holds "
+                       f"{most} tokens of at most {chars_per_token(eng.tokenizer)} characters each; prompts are "
+                       "never truncated", param=param, code="context_length_exceeded")
+
+
+def tokenize(encode):
+    """One request tokenizes (or templates) at a time: each thread doing it competes with the engine
+    thread for the interpreter, and 4 at once made a running stream's tokens 5x slower."""
+    with _TOKENIZING:
+        return encode()
 
 
 def check_request(eng: Engine, body: _Body) -> None:
@@ -158,9 +207,10 @@ def chat_completions():
     body: ChatBody = parse(ChatBody)
     eng = ready_engine()
     check_request(eng, body)
+    check_size(eng, [m.content for m in body.messages], "messages")
     try:
-        prompt = eng.tokenizer.apply_chat_template([m.template_dict() for m in body.messages],
-                                                   add_generation_prompt=True, tokenize=True, return_dict=False)
+        prompt = tokenize(lambda: eng.tokenizer.apply_chat_template(
+            [m.template_dict() for m in body.messages], add_generation_prompt=True, tokenize=True, return_dict=False))
     except TemplateError as exc:
         raise APIError(400, f"messages: the model's chat template refused them: {exc}", param="messages") from None
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -174,7 +224,8 @@ def completions():
     eng = ready_engine()
     check_request(eng, body)
     if isinstance(body.prompt, str):
-        prompt = eng.tokenizer(body.prompt).input_ids
+        check_size(eng, [body.prompt], "prompt")
+        prompt = tokenize(lambda: eng.tokenizer(body.prompt).input_ids)
     else:
         prompt = body.prompt
         vocab = eng.geometry.vocab

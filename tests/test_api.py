@@ -152,6 +152,27 @@ def test_bad_input_gets_a_4xx_json_error_and_the_server_stays_ready(client, path
     assert client.get("/ready").status_code == 200
 
 
+@pytest.mark.parametrize("path, body, param", [
+    (COMPLETIONS, {"model": MODEL, "prompt": "x" * 500_000}, "prompt"),
+    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "y" * 250_000}] * 2}, "messages"),
+    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "a"}] * 40}, "messages"),
+])
+def test_what_cannot_fit_is_refused_before_tokenizing(client, monkeypatch, path, body, param):
+    """A 1 MB prompt took ~1 s of CPU to template and tokenize before its length was checked."""
+    monkeypatch.setattr("runtime.api.tokenize", lambda encode: pytest.fail("the prompt was tokenized"))
+    assert_error(client.post(path, json=body), 400, param, "context_length_exceeded")
+
+
+def test_the_character_bound_never_refuses_a_prompt_that_fits(client, engine):
+    from runtime.api import chars_per_token
+
+    longest = max(engine.tokenizer.get_vocab(), key=len)
+    assert len(longest) == chars_per_token(engine.tokenizer)
+    text = engine.tokenizer.convert_tokens_to_string([longest]) * 8  # few tokens, many characters
+    resp = client.post(COMPLETIONS, json={"model": MODEL, "prompt": text, "max_tokens": 2})
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+
+
 def test_too_long_prompt_and_max_tokens_errors_name_the_numbers(client):
     err = assert_error(client.post(COMPLETIONS, json={"model": MODEL, "prompt": TOO_LONG}), 400)
     assert "largest prefill bucket" in err["message"] and "(32 tokens)" in err["message"]

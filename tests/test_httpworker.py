@@ -76,6 +76,7 @@ def exchange(server, raw: bytes, timeout: float = 10.0) -> tuple[int, dict, floa
         data = b""
         while chunk := s.recv(65536):
             data += chunk
+            data = data.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n")
             if b"\r\n\r\n" in data:
                 head, _, body = data.partition(b"\r\n\r\n")
                 length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
@@ -142,6 +143,17 @@ def test_malformed_or_oversized_chunked_bodies_are_refused_at_once(server, body,
     got, error, seconds = exchange(server, HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + body)
     assert got == status and error["error"]["message"]
     assert seconds < 2.0
+
+
+@pytest.mark.parametrize("body, status", [
+    (b"zz\r\nhello\r\n0\r\n\r\n", 400),
+    (b"-5\r\nhello\r\n0\r\n\r\n", 400),
+    (b"%x\r\n" % (LIMIT + 10) + b" " * (LIMIT + 10) + b"\r\n0\r\n\r\n", 413),
+])
+def test_a_body_read_by_the_app_after_100_continue_gets_its_4xx_too(server, body, status):
+    """`Expect: 100-continue` bodies are not read ahead (the client waits for the 100 first)."""
+    got, error, seconds = exchange(server, HEAD + b"Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n" + body)
+    assert got == status and error["error"]["message"] and seconds < 5.0
 
 
 def test_a_padded_chunked_body_over_the_limit_is_a_413_not_cut(server):

@@ -177,8 +177,8 @@ def submit(eng: Engine, body: _Body, prompt: list[int], max_tokens: int | None, 
         return eng.submit(job)
     except QueueFull as exc:
         raise APIError(503, str(exc), code="queue_full", headers={"Retry-After": RETRY_AFTER_S}) from None
-    except NotReady as exc:
-        raise APIError(503, str(exc), code="not_ready") from None
+    except NotReady as exc:  # it began to drain or failed since ready_engine()
+        raise APIError(503, str(exc), code="not_ready", headers={"Retry-After": RETRY_AFTER_S}) from None
 
 
 # -- models ------------------------------------------------------------------------------------------

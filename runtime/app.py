@@ -46,6 +46,10 @@ def create_app(config: Settings, engine: Engine | None = None) -> Flask:
 
     @app.get("/health")
     def health():
+        """Liveness: 503 (restart me) once the engine thread is dead or stuck in a device call."""
+        problem = eng.problem()
+        if problem is not None:
+            return jsonify({"status": "dead", "state": eng.state.value, "reason": problem}), 503
         return jsonify({"status": "alive", "state": eng.state.value})
 
     @app.get("/ready")

@@ -30,12 +30,16 @@ log = logging.getLogger("gemma4.engine")
 
 IDLE_POLL_S = 0.1  # how often an idle engine looks up from the queue to notice a shutdown
 ABANDON_POLL_S = 0.05  # how often a waiting request asks whether its client is still there
+# A prefill or decode call still running after this long: the device or its runtime hangs, and only a
+# restart helps (a step takes milliseconds; a prefill of the largest bucket well under a second).
+STUCK_AFTER_S = 60.0
 
 
 class State(str, Enum):
     LOADING = "loading"
     SELF_TEST = "self-test"
     READY = "ready"
+    DRAINING = "draining"  # SIGTERM: the requests in flight finish, new ones are refused
     FAILED = "failed"
     STOPPED = "stopped"  # closed on shutdown
 
@@ -178,6 +182,7 @@ class Engine:
         self._lock = threading.Lock()  # state changes vs. submissions: no job is queued after the drain
         self._closing = threading.Event()
         self._settled = threading.Event()  # set once ready, failed or stopped
+        self._call_started: float | None = None  # when the device call in progress began
         self._thread = threading.Thread(target=self._run, name="gemma4-engine", daemon=True)
         self.metrics.watch(queue_depth=lambda: self.queue_depth, busy_slots=lambda: self.busy_slots)
 
@@ -191,6 +196,25 @@ class Engine:
         """Block until the engine is ready, failed or stopped (or the timeout passes)."""
         self._settled.wait(timeout)
         return self.state
+
+    def drain(self) -> None:
+        """Refuse new requests (503, retry elsewhere) and let the ones in flight finish."""
+        if self.state is State.READY:
+            self._set(State.DRAINING, "the server is shutting down: finishing the requests in flight")
+
+    @property
+    def idle(self) -> bool:
+        return not self.busy_slots and self._queue.empty()
+
+    def problem(self) -> str | None:
+        """Why this process should be restarted (liveness), or None: the engine thread is gone, or a
+        device call it started has not returned within STUCK_AFTER_S."""
+        if self.state is State.FAILED or (self.state is not State.STOPPED and not self._thread.is_alive()):
+            return f"the engine thread is not running ({self.state.value}: {self.reason})"
+        started = self._call_started
+        if started is not None and time.monotonic() - started > STUCK_AFTER_S:
+            return f"a device call has not returned for {time.monotonic() - started:.0f} s (bound {STUCK_AFTER_S:.0f} s)"
+        return None
 
     def close(self, timeout: float = 30.0) -> None:
         """Stop the engine thread; requests still waiting or running get a Failed event."""
@@ -302,15 +326,23 @@ class Engine:
             else:
                 generator.manual_seed(job.seed)
             slot.request = _Live(job, TextStream(self.tokenizer, job.stop), generator, job.accepted)
-            self._accept(slot.index, self.model.runner.prefill(slot.index, job.prompt))
+            self._accept(slot.index, self._device(self.model.runner.prefill, slot.index, job.prompt))
 
     def _step(self) -> None:
         for slot in [s for s, live in self._busy().items() if live.job.cancelled]:
             self._finish(slot, "cancelled")
         if busy := self._busy():
-            logits = self.model.runner.decode({slot: live.last for slot, live in busy.items()})
+            logits = self._device(self.model.runner.decode, {slot: live.last for slot, live in busy.items()})
             for slot, row in logits.items():
                 self._accept(slot, row)
+
+    def _device(self, call, *args):
+        """A runner call, timed for the liveness check."""
+        self._call_started = time.monotonic()
+        try:
+            return call(*args)
+        finally:
+            self._call_started = None
 
     def _accept(self, slot: int, logits: torch.Tensor) -> None:
         """Sample the next token of a slot from its logits and pass on the text it completes."""

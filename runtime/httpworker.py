@@ -146,6 +146,22 @@ class ReadAheadWorker(ThreadWorker):
         self.reading: set[Conn] = set()
         self.lingering: dict[socket.socket, float] = {}
         self.max_body = 1 << 20
+        self.drain_deadline: float | None = None  # set by SIGTERM
+
+    def handle_exit(self, sig, frame):
+        """SIGTERM: drain before gunicorn's own graceful stop. /ready turns 503 and new requests get a
+        503 with Retry-After (so a load balancer and clients go elsewhere) while the requests in flight
+        finish; only then does the worker stop accepting (gthread stopped at once: new connections
+        waited in the backlog until the exit and were reset)."""
+        if self.drain_deadline is None:
+            self.drain_deadline = time.monotonic() + max(1.0, self.cfg.graceful_timeout - LINGER_S - 5)
+            self.method_queue.defer(lambda: None)  # wake the main loop, which starts the drain
+
+    def _drain_step(self) -> None:
+        engine = self.wsgi.extensions["gemma4_engine"]
+        engine.drain()
+        if engine.idle or time.monotonic() > self.drain_deadline:
+            self.alive = False
 
     def load_wsgi(self):
         super().load_wsgi()
@@ -214,7 +230,10 @@ class ReadAheadWorker(ThreadWorker):
         self._linger(conn.sock)
 
     def murder_pending(self):
+        """Runs once per turn of the main loop (at least every second): expiries, and the drain."""
         super().murder_pending()
+        if self.drain_deadline is not None and self.alive:
+            self._drain_step()
         now = time.monotonic()
         for conn in [c for c in self.reading if c.deadline <= now or not (self.alive or c.ahead)]:
             if conn.ahead:

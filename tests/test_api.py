@@ -275,6 +275,51 @@ def test_ready_stays_503_after_a_failed_self_test(compiled, tmp_path):
             assert ready.get_json()["state"] == "failed" and "golden prompt" in ready.get_json()["reason"]
         err = assert_error(client.post(CHAT, json={"model": MODEL, "messages": HI}), 503, code="not_ready")
         assert "failed" in err["message"]
+        health = client.get("/health")  # liveness: restart it (the startup probe waits on /ready)
+        assert health.status_code == 503 and "engine thread is not running" in health.get_json()["reason"]
+    finally:
+        engine.close()
+
+
+def test_drain_refuses_new_requests_and_finishes_those_in_flight(compiled, monkeypatch):
+    app = create_app(Settings(artifact=compiled("tiny-e2b", "fp32"), queue_max=2))
+    client, engine = app.test_client(), app.extensions["gemma4_engine"]
+    try:
+        assert engine.wait(300) is State.READY
+        gate, decode = threading.Event(), engine.model.runner.decode
+        monkeypatch.setattr(engine.model.runner, "decode", lambda tokens: gate.wait(30) and decode(tokens))
+        body = {"model": MODEL, "messages": HI, "max_tokens": 8, "stream": True, "temperature": 0}
+        in_flight = client.post(CHAT, json=body, buffered=False)
+        engine.drain()
+        ready = client.get("/ready")
+        assert ready.status_code == 503 and ready.get_json()["state"] == "draining"
+        refused = client.post(CHAT, json=body)
+        assert_error(refused, 503, code="not_ready")
+        assert refused.headers["Retry-After"]
+        assert client.get("/health").status_code == 200 and not engine.idle
+        gate.set()
+        events = sse_events(in_flight.get_data())
+        assert events[-1]["choices"][0]["finish_reason"] == "length"
+        assert engine.idle
+    finally:
+        engine.close()
+
+
+def test_liveness_fails_while_a_device_call_is_stuck(compiled, monkeypatch):
+    app = create_app(Settings(artifact=compiled("tiny-e2b", "fp32")))
+    client, engine = app.test_client(), app.extensions["gemma4_engine"]
+    try:
+        assert engine.wait(300) is State.READY
+        monkeypatch.setattr("runtime.engine.STUCK_AFTER_S", 0.2)
+        gate, decode = threading.Event(), engine.model.runner.decode
+        monkeypatch.setattr(engine.model.runner, "decode", lambda tokens: gate.wait(30) and decode(tokens))
+        stream = client.post(CHAT, json={"model": MODEL, "messages": HI, "max_tokens": 4, "stream": True},
+                             buffered=False)
+        time.sleep(0.5)
+        stuck = client.get("/health")
+        assert stuck.status_code == 503 and "device call" in stuck.get_json()["reason"]
+        gate.set()
+        stream.get_data()
         assert client.get("/health").status_code == 200
     finally:
         engine.close()

@@ -185,3 +185,30 @@ def test_keepalive_requests_on_one_connection_are_read_ahead_too(server):
     with requests.Session() as session:
         for _ in range(3):
             assert session.get(f"{server.url}/health", timeout=10).status_code == 200
+
+
+def test_sigterm_drains_new_requests_get_503_in_flight_ones_finish(server):
+    """Last in the module: it stops the server. gthread stopped accepting at once: new connections
+    waited in the backlog until the exit and were reset, and /ready could not answer."""
+    body = {"model": server.model, "prompt": [2], "max_tokens": 50, "temperature": 0, "stream": True}
+    results: list = []
+
+    def stream():
+        with requests.post(f"{server.url}/v1/completions", json=body, stream=True, timeout=60) as resp:
+            lines = [ln for ln in resp.iter_lines() if ln.startswith(b"data: ")]
+            results.append((resp.status_code, lines[-1] if lines else None))
+
+    streams = [threading.Thread(target=stream) for _ in range(3)]  # one in the slot, two queued
+    for t in streams:
+        t.start()
+    time.sleep(0.3)
+    server.proc.send_signal(15)
+    time.sleep(0.2)  # the main loop turns at least once a second; it was woken at once
+    ready = requests.get(f"{server.url}/ready", timeout=5)
+    refused = requests.post(f"{server.url}/v1/completions", json=body, timeout=5)
+    for t in streams:
+        t.join(60)
+    assert ready.status_code == 503 and ready.json()["state"] == "draining"
+    assert refused.status_code == 503 and refused.headers["Retry-After"]
+    assert results == [(200, b"data: [DONE]")] * 3
+    assert server.proc.wait(60) == 0

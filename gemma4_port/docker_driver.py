@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from contextlib import contextmanager
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import docker
 import requests
-from docker.errors import APIError, DockerException, ImageNotFound, NotFound
+from docker.errors import APIError, ContainerError, DockerException, ImageNotFound, NotFound
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
@@ -27,6 +28,7 @@ from .imageplan import DEFAULT_OS_IMAGE, ImageError, ImageSpec
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # Debian's Python must be inside the OS image: builds have no network to apt-get it later.
 DEBOOTSTRAP_INCLUDE = ("python3", "python3-venv", "ca-certificates")
+OS_PYTHON = sys.version_info[:2]  # the wheelhouse is made by this interpreter's pip, for its own version
 MANIFEST_TYPES = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
 
 
@@ -79,21 +81,45 @@ class Driver:
     # ------------------------------------------------------------------------------------ OS image
 
     def ensure_os_image(self, tag: str, cache: Path) -> None:
-        """The image the cpu base starts FROM; the default one is made here without any registry."""
+        """The image the cpu base starts FROM; the default one is made here without any registry. An
+        image that is there already is checked before it is trusted (a stale or foreign tag failed
+        deep in the build with "returned a non-zero code: 127")."""
         with _step(f"prepare OS image {tag}"):
             try:
                 self.client.images.get(tag)
-                return
             except ImageNotFound:
-                pass
-            if tag != DEFAULT_OS_IMAGE["cpu"]:
-                raise ImageError(f"prepare OS image: {tag} is not in the Docker engine and this machine cannot "
-                                 f"pull it; load it first or leave --base-image at {DEFAULT_OS_IMAGE['cpu']}")
-            tarball = self._debootstrap(cache)
-            repository, _, version = tag.partition(":")
-            with self.console.status(f"importing {tarball.name} as {tag}"):
-                self.client.api.import_image_from_file(str(tarball), repository=repository, tag=version,
-                                                       changes=["ENV LANG=C.UTF-8"])
+                if tag != DEFAULT_OS_IMAGE["cpu"]:
+                    raise ImageError(f"prepare OS image: {tag} is not in the Docker engine and this machine cannot "
+                                     f"pull it; load it first or leave --base-image at {DEFAULT_OS_IMAGE['cpu']}") from None
+                tarball = self._debootstrap(cache)
+                repository, _, version = tag.partition(":")
+                with self.console.status(f"importing {tarball.name} as {tag}"):
+                    self.client.api.import_image_from_file(str(tarball), repository=repository, tag=version,
+                                                           changes=["ENV LANG=C.UTF-8"])
+            lacks = self._lacks(tag)
+        if lacks:
+            fix = (f"remove it (docker rmi {tag}) and it is made again" if tag == DEFAULT_OS_IMAGE["cpu"] else
+                   f"use an image with Debian bookworm's python3 and python3-venv, or leave --base-image at "
+                   f"{DEFAULT_OS_IMAGE['cpu']}")
+            raise ImageError(f"prepare OS image: {tag} {lacks}: the cpu base makes a Python {OS_PYTHON} venv "
+                             f"there for the wheelhouse; {fix}")
+
+    def _lacks(self, tag: str) -> str | None:
+        """What the OS image lacks for the cpu base (python3 at OS_PYTHON with venv), or None."""
+        want = ".".join(map(str, OS_PYTHON))
+        probe = "import sys, venv, ensurepip; print('%d.%d' % sys.version_info[:2])"
+        try:
+            out = self.client.containers.run(tag, ["python3", "-c", probe], network_mode="none", remove=True)
+        except ContainerError as exc:
+            if exc.exit_status == 127 or "executable file not found" in str(exc):
+                return "has no python3"
+            return f"has python3 without the venv module (python3 said: {_reason(exc)})"
+        except APIError as exc:
+            if "executable file not found" in str(exc) or "no such file" in str(exc).lower():
+                return "has no python3"
+            raise
+        got = out.decode().strip()
+        return None if got == want else f"has Python {got}, not {want}"
 
     def _debootstrap(self, cache: Path) -> Path:
         """A minimal Debian bookworm root filesystem as a tarball, made once and cached."""
@@ -168,7 +194,9 @@ class Driver:
         with _step(step):
             test = self.client.images.get(ref).attrs["Config"]["Healthcheck"]["Test"]
             probe = test[1:] if test[0] == "CMD" else ["/bin/sh", "-c", test[1]]
-            container = self.client.containers.run(ref, detach=True, network_mode="none")
+            # As Kubernetes runs it (deploy/k8s): a read-only root filesystem, a writable /tmp.
+            container = self.client.containers.run(ref, detach=True, network_mode="none", read_only=True,
+                                                   tmpfs={"/tmp": "rw,size=64m"})
             start = time.monotonic()
             try:
                 with self.console.status(f"waiting for {ref} to be ready"):

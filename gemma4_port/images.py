@@ -235,9 +235,9 @@ def host_inputs(manifest: Manifest, options: ImageOptions, base: ImageSpec, driv
             sources["checkpoint"] = host_checkpoint(manifest)
         return sources
     cache = image_cache()
+    driver.ensure_os_image(base.from_image, cache)  # first: a base image that will not do fails in seconds
     sources = {f"artifact:{v}": host_artifact(manifest, v, log) for v in base.variants}
     sources["wheelhouse"] = wheelhouse(python_requirements(manifest, options), cache, log)
-    driver.ensure_os_image(base.from_image, cache)
     return sources
 
 

@@ -150,3 +150,21 @@ def test_a_registry_that_refuses_is_one_clear_line(pushed):
     line = one_error_line(run)
     assert line.startswith(f"error: push {closed}/{REPO}:latest: the registry refused:"), line
     assert "connection refused" in line
+
+
+def test_a_base_image_without_python_is_named_before_anything_is_built(docker_engine, tmp_path):  # noqa: F811
+    """It failed deep in the build with "returned a non-zero code: 127"."""
+    import io
+    import tarfile
+
+    import docker
+
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w") as tar:  # an OS image of one file: no shell, no python
+        info = tarfile.TarInfo("etc/os-release")
+        info.size = len(b"ID=bare\n")
+        tar.addfile(info, io.BytesIO(b"ID=bare\n"))
+    docker.from_env().api.import_image_from_data(layer.getvalue(), repository="local/bare", tag="1")
+    run = images_cli(tmp_path, "--base-image", "local/bare:1", "--tags", "base", timeout=300)
+    line = one_error_line(run)
+    assert line.startswith("error: prepare OS image: local/bare:1 has no python3") and "python3-venv" in line, line

@@ -9,7 +9,7 @@ pressure stays constant. Meanwhile a probe asks `/health` on a fresh connection 
 (as a kubelet does) and completions run one after another; the same is measured on the idle server
 first, so the result is a ratio measured side by side.
 
-    python -m gemma4_port.bench.hostile ARTIFACT_DIR [--slow 200] [--idle 200] [--seconds 30]"""
+    python -m gemma4_port.bench.hostile ARTIFACT_DIR [--slow 200] [--idle 200] [--closers 0.67] [--rounds 3]"""
 
 from __future__ import annotations
 
@@ -17,12 +17,16 @@ import argparse
 import contextlib
 import http.client
 import json
+import multiprocessing
+import os
 import socket
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import psutil
 
 from .stats import summary
 
@@ -148,8 +152,9 @@ def complete(host: str, port: int, model: str, headers: dict[str, str], max_toke
 
 
 def measure(host: str, port: int, model: str, seconds: float, probe_s: float = 0.1,
-            headers: dict[str, str] | None = None) -> dict:
-    """/health on fresh connections every probe_s and completions back to back, for `seconds`."""
+            headers: dict[str, str] | None = None) -> tuple[list, list]:
+    """/health on fresh connections every probe_s and completions back to back, for `seconds` ->
+    (probe seconds, completion seconds), None for each one that failed."""
     probes, completions = [], []
     stop = time.monotonic() + seconds
 
@@ -163,25 +168,60 @@ def measure(host: str, port: int, model: str, seconds: float, probe_s: float = 0
         probes.append(probe(host, port))
         time.sleep(probe_s)
     worker.join(90)
+    return probes, completions
+
+
+def _summary(probes: list, completions: list, cpu_s: float) -> dict:
     ok_probes = [p for p in probes if p is not None]
     ok_completions = [c for c in completions if c is not None]
     return {"health_ms": summary(ok_probes, 1e3), "health_failed": len(probes) - len(ok_probes),
-            "completion_ms": summary(ok_completions, 1e3), "completion_failed": len(completions) - len(ok_completions)}
+            "completion_ms": summary(ok_completions, 1e3), "completion_failed": len(completions) - len(ok_completions),
+            "worker_cpu_s": cpu_s}
 
 
-def run(host: str, port: int, model: str, attack: Attack, seconds: float, warmup_s: float = 5.0,
-        headers: dict[str, str] | None = None) -> dict:
-    """The idle server, then the same under attack (after warmup_s for the connections to pile up)."""
-    idle = measure(host, port, model, seconds, headers=headers)
+def _hold(host: str, port: int, attack: Attack, stop, reopened) -> None:
+    """The hostile clients, in a process of their own at low priority: on one small machine they stand
+    in for other machines, so they must not take the CPU or the interpreter from the measured ones."""
+    os.nice(10)
     pressure = Pressure(host, port, attack).start()
-    try:
-        time.sleep(warmup_s)
-        attacked = measure(host, port, model, seconds, headers=headers)
-    finally:
-        pressure.stop()
-    ratio = attacked["completion_ms"]["p50"] / idle["completion_ms"]["p50"]
-    return {"attack": vars(attack), "idle": idle, "attacked": attacked, "completion_ratio_p50": ratio,
-            "reopened": pressure.reopened}
+    stop.wait()
+    pressure.stop()
+    reopened.value = pressure.reopened
+
+
+def run(host: str, port: int, model: str, attack: Attack, seconds: float, rounds: int = 3, warmup_s: float = 4.0,
+        headers: dict[str, str] | None = None, worker: psutil.Process | None = None) -> dict:
+    """Rounds of the idle server, then the same under attack (after warmup_s for the connections to
+    pile up), alternating, as the load of a shared machine drifts. With the server's worker process:
+    its CPU seconds in each condition, too."""
+    cpu = (lambda: sum(worker.cpu_times()[:2])) if worker is not None else (lambda: float("nan"))
+    ctx = multiprocessing.get_context("spawn")
+    samples = {"idle": ([], [], [0.0]), "attacked": ([], [], [0.0])}
+    reopened = 0
+    for _ in range(rounds):
+        for condition in ("idle", "attacked"):
+            hostile = stop = count = None
+            if condition == "attacked":
+                stop, count = ctx.Event(), ctx.Value("i", 0)
+                hostile = ctx.Process(target=_hold, args=(host, port, attack, stop, count), daemon=True)
+                hostile.start()
+                time.sleep(warmup_s)
+            try:
+                start = cpu()
+                probes, completions = measure(host, port, model, seconds, headers=headers)
+                kept = samples[condition]
+                kept[0].extend(probes)
+                kept[1].extend(completions)
+                kept[2][0] += cpu() - start
+            finally:
+                if hostile is not None:
+                    stop.set()
+                    hostile.join(60)
+                    reopened += count.value
+    out = {c: _summary(p, q, cpu_s[0]) for c, (p, q, cpu_s) in samples.items()}
+    ratio = out["attacked"]["completion_ms"]["p50"] / out["idle"]["completion_ms"]["p50"]
+    return {"attack": vars(attack), "rounds": rounds, "seconds": seconds} | out | {
+        "completion_ratio_p50": ratio, "reopened": reopened}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -193,12 +233,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle", type=int, default=200, help="idle connections (default 200)")
     p.add_argument("--closers", type=float, default=0.0,
                    help="new `Connection: close` clients a second that never close (default 0)")
-    p.add_argument("--seconds", type=float, default=20.0, help="length of each measurement (default 20)")
+    p.add_argument("--seconds", type=float, default=10.0, help="length of each measurement (default 10)")
+    p.add_argument("--rounds", type=int, default=3, help="idle/attacked rounds, alternating (default 3)")
     p.add_argument("--logs", type=Path, default=Path("artifacts/hostile-logs"), help="server logs")
     args = p.parse_args(argv)
     attack = Attack(args.slow, args.idle, args.closers)
     with Server(args.artifact, args.logs, env={"OMP_NUM_THREADS": "1"}) as server:
-        result = run("127.0.0.1", server.port, server.model, attack, args.seconds)
+        result = run("127.0.0.1", server.port, server.model, attack, args.seconds, args.rounds, worker=server.worker)
     print(json.dumps(result, indent=1))
     return 0
 

@@ -70,11 +70,12 @@ class Pressure:
 
     def _alive(self, s: socket.socket) -> bool:
         try:
-            return s.recv(65536) != b""  # anything from the server (a 408) also ends this client
+            s.recv(65536)  # the server closed it, or answered (a 408): this client is done either way
         except BlockingIOError:
             return True
         except OSError:
-            return False
+            pass
+        return False
 
     def _hold(self, count: int, first: bytes, line: bytes | None) -> None:
         socks = [self._open(first) for _ in range(count)]

@@ -62,32 +62,35 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("compile", help="trace, lint and package the device graphs of one manifest variant")
-    c.add_argument("manifest")
+    c.add_argument("manifest", help="a manifest YAML file (manifests/*.yaml)")
     c.add_argument("--variant", help="variant name (default: the manifest's first)")
     c.add_argument("--out", help="artifact directory (default: artifacts/NAME-VARIANT)")
-    c.add_argument("--backend", choices=["cpu", "neuron"], default="cpu")
+    c.add_argument("--backend", choices=["cpu", "neuron"], default="cpu",
+                   help="cpu: TorchScript graphs, runs anywhere; neuron: Inferentia2 (needs the Neuron SDK) "
+                        "(default: cpu)")
     c.set_defaults(run=_compile)
 
     v = sub.add_parser("verify", help="load an artifact as the server does and match the float reference")
-    v.add_argument("dir")
+    v.add_argument("dir", help="an artifact directory from `build.py compile`")
     v.add_argument("--quick", action="store_true", help="golden and short prompts only (skip the kv_max run)")
     v.set_defaults(run=_verify)
 
     pl = sub.add_parser("plan", help="bytes per NeuronCore and host RAM per variant, with verdicts")
-    pl.add_argument("manifest")
-    pl.add_argument("--variant")
+    pl.add_argument("manifest", help="a manifest YAML file (manifests/*.yaml)")
+    pl.add_argument("--variant", help="plan this variant only (default: every variant)")
     pl.add_argument("--shards", action="store_true", help="print the per-layer sharding plan")
     pl.set_defaults(run=_plan)
 
     s = sub.add_parser("serve", help="serve an artifact with the OpenAI API (gunicorn)")
-    s.add_argument("dir")
-    s.add_argument("--host", default="127.0.0.1")
-    s.add_argument("--port", type=int, default=8080)
-    s.add_argument("--backend", choices=["auto", "cpu", "neuron"], default="auto")
+    s.add_argument("dir", help="an artifact directory from `build.py compile`")
+    s.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; 0.0.0.0 for all)")
+    s.add_argument("--port", type=int, default=8080, help="port to bind (default: 8080)")
+    s.add_argument("--backend", choices=["auto", "cpu", "neuron"], default="auto",
+                   help="auto: what the artifact was compiled for; cpu or neuron must match it (default: auto)")
     s.set_defaults(run=_serve)
 
     i = sub.add_parser("images", help="build (and push) the base / slim / tp2-slim images")
-    i.add_argument("manifest")
+    i.add_argument("manifest", help="a manifest YAML file (manifests/*.yaml); its `images` section names the tags")
     i.add_argument("--tags", help="comma-separated images (base, slim, tp2-slim) or their tags to build, with the "
                                   "base they need (default: all the manifest tags)")
     i.add_argument("--registry", help="HOST:PORT to tag and push to")
@@ -104,9 +107,12 @@ def parser() -> argparse.ArgumentParser:
     i.set_defaults(run=_images)
 
     b = sub.add_parser("bench", help="speed and memory side by side, as ratios")
-    b.add_argument("dir", nargs="?")
-    b.add_argument("--model-scale", choices=["tiny", "small"], default="tiny")
-    b.add_argument("--json", dest="json_out")
+    b.add_argument("dir", nargs="?", help="an artifact directory to measure (default: compile the --model-scale "
+                                         "manifest into a temp dir)")
+    b.add_argument("--model-scale", choices=["tiny", "small"], default="tiny",
+                   help="without DIR: tiny-e2b, or small-e2b (the real E2B layer shapes, 7 layers) (default: tiny)")
+    b.add_argument("--json", dest="json_out", help="where to write the results as JSON, with a PNG of the plots "
+                                                  "beside it (default: artifacts/bench-SCALE.json)")
     b.set_defaults(run=_bench)
     return p
 

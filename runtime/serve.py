@@ -15,7 +15,7 @@ from gunicorn.app.base import BaseApplication
 from contract.artifact import load_meta
 from contract.errors import Gemma4Error
 
-from .settings import ENV, Settings, check_backend
+from .settings import ENV, Settings, check_backend, check_port
 
 
 def gunicorn_options(settings: Settings) -> dict:
@@ -30,7 +30,7 @@ def gunicorn_options(settings: Settings) -> dict:
         "threads": settings.queue_max + 32,
         "preload_app": False,  # the engine thread must start in the worker, not in the master before the fork
         "timeout": 120,  # heartbeat of the worker's main loop; loading happens in a background thread
-        "graceful_timeout": 60,  # on SIGTERM: stop accepting, let the requests in flight finish, then exit
+        "graceful_timeout": 60,  # on SIGTERM: drain (runtime/httpworker.py), let the requests in flight finish, exit
         "keepalive": 5,
         "accesslog": "-",
         "errorlog": "-",
@@ -72,6 +72,7 @@ def checked_settings(environ: Mapping[str, str]) -> Settings:
     and exit 2, not a worker crash."""
     settings = Settings.from_env(environ)
     check_backend(settings, load_meta(settings.artifact).backend)
+    check_port(settings)
     return settings
 
 

@@ -5,6 +5,7 @@ A bad value stops the server before anything loads, with one line naming the var
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
@@ -65,3 +66,15 @@ def check_backend(settings: Settings, artifact_backend: str) -> None:
             f"{ENV['backend']}={settings.backend}, but {Path(settings.artifact)} was compiled for the "
             f"{artifact_backend} backend; recompile with `build.py compile --backend {settings.backend}` or use auto"
         )
+
+
+def check_port(settings: Settings) -> None:
+    """The address must be free before gunicorn starts (it would print a dozen lines, then give up)."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gunicorn binds: TIME_WAIT is no conflict
+        try:
+            probe.bind((settings.host, settings.port))
+        except OSError as exc:
+            raise SettingsError(f"{ENV['host']}={settings.host} {ENV['port']}={settings.port}: cannot listen there "
+                                f"({exc.strerror}); stop what uses it or choose another port (--port)") from None

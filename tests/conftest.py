@@ -11,12 +11,23 @@ ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = ROOT / "manifests"
 
 
+_SESSION_CACHE: list[str] = []  # the per-session cache this conftest made, removed at the end
+
+
 def pytest_configure(config):
     # Random checkpoints are cached per session, not in the user's cache: tests start from nothing.
     if "GEMMA4_INF2_CACHE" not in os.environ:
         import tempfile
 
         os.environ["GEMMA4_INF2_CACHE"] = tempfile.mkdtemp(prefix="gemma4-inf2-test-cache-")
+        _SESSION_CACHE.append(os.environ["GEMMA4_INF2_CACHE"])
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    for folder in _SESSION_CACHE:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -231,3 +232,14 @@ def test_serve_refuses_bad_settings_in_one_line():
                             cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.startswith("error: GEMMA4_ARTIFACT='/no/such/artifact'") and result.stderr.count("\n") == 1
+
+
+def test_serve_on_a_port_in_use_is_one_line(compiled):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run([sys.executable, "build.py", "serve", str(compiled("tiny-e2b", "fp32")), "--port", str(port)],
+                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("error: GEMMA4_HOST=127.0.0.1 GEMMA4_PORT=") and "cannot listen there" in result.stderr

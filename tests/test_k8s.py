@@ -3,7 +3,6 @@ Kubernetes schemas (PyPI kubernetes-validate), and checked against what the serv
 
 from __future__ import annotations
 
-import re
 import shutil
 import subprocess
 import sys
@@ -15,6 +14,8 @@ import yaml
 from gemma4_port.capacity import INSTANCES, ModelSizes, footprint
 from gemma4_port.configs import text_config_for
 from gemma4_port.manifest import load_manifest
+from runtime.serve import gunicorn_options
+from runtime.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "deploy" / "k8s"
@@ -91,5 +92,5 @@ def test_probes_and_shutdown(docs):
     assert server["livenessProbe"]["httpGet"]["path"] == "/health"
     assert server["readinessProbe"]["httpGet"]["path"] == "/ready"
     pre_stop = server["lifecycle"]["preStop"]["sleep"]["seconds"]
-    drain = int(re.search(r"^graceful_timeout = (\d+)", (ROOT / "runtime" / "gunicorn.conf.py").read_text(), re.M)[1])
+    drain = gunicorn_options(Settings(artifact=ROOT))["graceful_timeout"]
     assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain

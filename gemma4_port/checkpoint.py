@@ -16,12 +16,15 @@ from contract.errors import Gemma4Error
 from contract.files import read_parsed
 
 from .manifest import Manifest, RandomModel
-from .tokenizer import END_TURN_ID, EOS_ID, train_tokenizer
+from .tokenizer import EOS_ID, TOOL_RESPONSE, TURN_END, save_tokenizer, train_tokenizer
 
 # Hub checkpoints are saved by the multimodal class; the text decoder lives under this prefix.
 MULTIMODAL_PREFIX = "model.language_model."
 TEXT_PREFIX = "model."
 TEXT_MODEL_TYPES = ("gemma4", "gemma4_unified", "gemma4_text", "gemma4_unified_text")
+# Part of a random checkpoint's cache key: bump it when the writer's output changes, so that a cache
+# made by an older writer (e.g. one with Gemma-3's chat tokens) is never reused.
+RANDOM_FORMAT = "2"
 
 
 class CheckpointError(Gemma4Error, RuntimeError):
@@ -36,7 +39,7 @@ def resolve_checkpoint(manifest: Manifest, progress=None) -> Path:
     """The local folder holding the manifest's checkpoint, creating or downloading it if needed."""
     src = manifest.model
     if src.random is not None:
-        key = hashlib.sha256(src.random.model_dump_json().encode()).hexdigest()[:12]
+        key = hashlib.sha256((RANDOM_FORMAT + src.random.model_dump_json()).encode()).hexdigest()[:12]
         folder = cache_root() / "random" / f"{manifest.name}-{key}"
         if not folder.is_dir():
             # Written aside and renamed: concurrent builds never see (or write) a half-made checkpoint.
@@ -119,11 +122,15 @@ def write_random_checkpoint(spec: RandomModel, folder: Path) -> None:
     full = Gemma4Config(text_config=text, vision_config=None, audio_config=None)
     full.architectures = ["Gemma4ForConditionalGeneration"]
     full.save_pretrained(folder)
+    # E2B/E4B (the models with per-layer inputs) open a non-thinking turn bare, the others with an
+    # empty thought block, as the real templates do.
+    tok = train_tokenizer(text.vocab_size, spec.seed, empty_thought_block=not text.hidden_size_per_layer_input)
+    # A reply ends at <turn|>, and a tool call at <|tool_response> (the caller runs the tool).
     GenerationConfig(
-        bos_token_id=text.bos_token_id, pad_token_id=text.pad_token_id,
-        eos_token_id=[EOS_ID, END_TURN_ID], do_sample=False,
+        bos_token_id=text.bos_token_id, pad_token_id=text.pad_token_id, do_sample=False,
+        eos_token_id=[EOS_ID, *tok.convert_tokens_to_ids([TURN_END, TOOL_RESPONSE])],
     ).save_pretrained(folder)
-    train_tokenizer(text.vocab_size, spec.seed).save_pretrained(folder)
+    save_tokenizer(tok, folder)
 
 
 def read_text_config(folder: Path):

@@ -13,15 +13,17 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Annotated, Literal
+from typing import Annotated, Any
 
 from flask import Blueprint, Response, current_app, jsonify, request
 from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from .chat import ChatTemplateError, Message, Reply, Tool, ToolChoice, render
 from .engine import Delta, DoesNotFit, Engine, Failed, Finished, Job, NotReady, QueueFull, State, token_budget
 from .errors import APIError
+from .reply import ReplyParser
 from .sampling import SamplingParams
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
@@ -45,16 +47,6 @@ def _prompt(value) -> str | list[int]:
     if isinstance(value, str) or (isinstance(value, list) and value and all(type(t) is int for t in value)):
         return value
     raise ValueError("must be a string or a non-empty list of token ids")
-
-
-def _content(value) -> str:
-    """A string, or OpenAI's list of content parts, of which only text is supported."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
-                                       for p in value):
-        return "".join(p["text"] for p in value)
-    raise ValueError("must be a string or a list of {\"type\": \"text\", \"text\": ...} parts (only text is supported)")
 
 
 class _Strict(BaseModel):
@@ -83,18 +75,17 @@ class _Body(_Strict):
                               top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0)
 
 
-class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Annotated[str, PlainValidator(_content)]
-    name: str | None = None
-
-    def template_dict(self) -> dict:
-        return {"role": "system" if self.role == "developer" else self.role, "content": self.content}
-
-
 class ChatBody(_Body):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    skip_special_tokens: bool = True
+
+    def parses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
 
 
 class CompletionBody(_Body):
@@ -167,12 +158,12 @@ def check_request(eng: Engine, body: _Body) -> None:
 
 
 def submit(eng: Engine, body: _Body, prompt: list[int], max_tokens: int | None, param: str,
-           default: int | None = None) -> Job:
+           default: int | None = None, skip_special_tokens: bool = True) -> Job:
     try:
         budget = token_budget(eng.geometry, len(prompt), max_tokens, default)
     except DoesNotFit as exc:
         raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
-    job = Job(prompt, budget, body.sampling(), body.stop or (), body.seed)
+    job = Job(prompt, budget, body.sampling(), body.stop or (), body.seed, skip_special_tokens)
     try:
         return eng.submit(job)
     except QueueFull as exc:
@@ -207,15 +198,20 @@ def chat_completions():
     body: ChatBody = parse(ChatBody)
     eng = ready_engine()
     check_request(eng, body)
-    check_size(eng, [m.content for m in body.messages], "messages")
+    check_size(eng, [m.content or "" for m in body.messages], "messages")
     try:
-        prompt = tokenize(lambda: eng.tokenizer.apply_chat_template(
-            [m.template_dict() for m in body.messages], add_generation_prompt=True, tokenize=True, return_dict=False))
+        text = tokenize(lambda: render(eng.tokenizer, body.messages, body.tools, body.tool_choice,
+                                       body.chat_template_kwargs))
+    except ChatTemplateError as exc:
+        raise APIError(400, f"{exc.param}: {exc}", param=exc.param, code="invalid_value") from None
     except TemplateError as exc:
         raise APIError(400, f"messages: the model's chat template refused them: {exc}", param="messages") from None
+    prompt = tokenize(lambda: eng.tokenizer(text, add_special_tokens=False).input_ids)  # the template writes <bos>
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    job = submit(eng, body, list(prompt), max_tokens, "messages")
-    return respond(job, body, eng.model_name, chat=True)
+    # The reply's parser needs the special tokens as boundaries; it drops them from what it passes on.
+    job = submit(eng, body, list(prompt), max_tokens, "messages", skip_special_tokens=False)
+    parser = ReplyParser(eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens)
+    return respond(job, body, _Shape(eng.model_name, parser))
 
 
 @bp.post("/completions")
@@ -232,32 +228,44 @@ def completions():
         if not all(0 <= t < vocab for t in prompt):
             raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
     job = submit(eng, body, list(prompt), body.max_tokens, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS)
-    return respond(job, body, eng.model_name, chat=False)
+    return respond(job, body, _Shape(eng.model_name))
 
 
 # -- responses ---------------------------------------------------------------------------------------
 class _Shape:
-    """The parts of a response that differ between chat and text completions."""
+    """The parts of a response that differ between chat and text completions. A chat reply goes
+    through its parser: reasoning, content and tool calls, as whole messages or stream deltas."""
 
-    def __init__(self, chat: bool, model: str):
-        self.chat, self.model = chat, model
-        self.id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    def __init__(self, model: str, parser: ReplyParser | None = None):
+        self.chat, self.model, self.parser = parser is not None, model, parser
+        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
         self.created = int(time.time())
+        self.reply = Reply()
+        self.text: list[str] = []
 
     def envelope(self, choices: list, chunk: bool, **extra) -> dict:
         kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
         return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices} | extra
 
-    def choice(self, text: str | None, finish: str | None, chunk: bool, first: bool = False) -> dict:
-        out: dict = {"index": 0}
+    def deltas(self, text: str, end: bool = False) -> list[dict]:
+        """What a piece of generated text adds: a chat delta per reply piece, or the completion text.
+        At the end, what the chat parser still held."""
         if not self.chat:
-            out["text"] = text or ""
-        elif chunk:
-            out["delta"] = ({"role": "assistant", "content": ""} if first else {}) | (
-                {"content": text} if text is not None else {})
-        else:
-            out["message"] = {"role": "assistant", "content": text}
-        return out | {"logprobs": None, "finish_reason": finish}
+            self.text.append(text)
+            return [{"text": text}] if text else []
+        pieces = self.parser.feed(text) if text else []
+        return [self.reply.add(p) for p in pieces + (self.parser.finish() if end else [])]
+
+    def finish_reason(self, reason: str) -> str:
+        return self.reply.finish_reason(reason) if self.chat else reason
+
+    def chunk(self, delta: dict | None, finish: str | None = None) -> dict:
+        body = ({"delta": delta or {}} if self.chat else {"text": (delta or {}).get("text", "")})
+        return self.envelope([{"index": 0} | body | {"logprobs": None, "finish_reason": finish}], chunk=True)
+
+    def whole(self, finish: str) -> dict:
+        body = {"message": self.reply.message()} if self.chat else {"text": "".join(self.text)}
+        return {"index": 0} | body | {"logprobs": None, "finish_reason": self.finish_reason(finish)}
 
 
 def usage(done: Finished) -> dict:
@@ -283,24 +291,22 @@ def client_gone(environ) -> Callable[[], bool]:
     return gone
 
 
-def respond(job: Job, body: _Body, model: str, chat: bool):
-    shape = _Shape(chat, model)
+def respond(job: Job, body: _Body, shape: _Shape):
     if body.stream:
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
         return Response(stream(job, shape, include_usage), mimetype="text/event-stream",
                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    parts = []
     for event in job.events(abandoned=client_gone(request.environ)):
         if isinstance(event, Delta):
-            parts.append(event.text)
+            shape.deltas(event.text)
         elif isinstance(event, Failed):
             raise APIError(503, f"generation failed: {event.message}", code="engine_error")
         else:
             done = event
     if done.reason == "cancelled":  # nobody reads this; the access log shows nginx's "client closed" status
         raise APIError(499, "the client closed the connection before the answer was ready", code="client_closed")
-    return jsonify(shape.envelope([shape.choice("".join(parts), done.reason, chunk=False)], chunk=False,
-                                  usage=usage(done)))
+    shape.deltas("", end=True)
+    return jsonify(shape.envelope([shape.whole(done.reason)], chunk=False, usage=usage(done)))
 
 
 def sse(obj: dict | str) -> str:
@@ -312,15 +318,18 @@ def stream(job: Job, shape: _Shape, include_usage: bool):
     generator) cancels the job, which frees its slot."""
     try:
         if shape.chat:
-            yield sse(shape.envelope([shape.choice(None, None, chunk=True, first=True)], chunk=True))
+            yield sse(shape.chunk({"role": "assistant", "content": ""}))
         for event in job.events():
             if isinstance(event, Delta):
-                yield sse(shape.envelope([shape.choice(event.text, None, chunk=True)], chunk=True))
+                for delta in shape.deltas(event.text):
+                    yield sse(shape.chunk(delta))
             elif isinstance(event, Failed):
                 yield sse(APIError(503, f"generation failed: {event.message}", code="engine_error").body())
                 return
             else:
-                yield sse(shape.envelope([shape.choice(None, event.reason, chunk=True)], chunk=True))
+                for delta in shape.deltas("", end=True):
+                    yield sse(shape.chunk(delta))
+                yield sse(shape.chunk(None, shape.finish_reason(event.reason)))
                 if include_usage:
                     yield sse(shape.envelope([], chunk=True, usage=usage(event)))
         yield sse("[DONE]")

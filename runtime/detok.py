@@ -15,12 +15,13 @@ class Detokenizer:
     from a few tokens back, keeping the leading spaces and merges a tokenizer decides from context,
     and holds tokens that end inside a UTF-8 character), plus a flush for the end of a stream."""
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
         from tokenizers.decoders import DecodeStream
 
         self.tokenizer = tokenizer
         self.backend = tokenizer.backend_tokenizer
-        self.stream = DecodeStream(skip_special_tokens=True)
+        self.skip_special_tokens = skip_special_tokens
+        self.stream = DecodeStream(skip_special_tokens=skip_special_tokens)
         self.held: list[int] = []  # pushed since the last release
         self.context: list[int] = []  # the token that completed the last release
 
@@ -35,7 +36,8 @@ class Detokenizer:
     def flush(self) -> str:
         """The unreleased rest, incomplete characters included (as U+FFFD), at the end of a stream.
         Decoded after the last released token, so a leading space survives as in the stream."""
-        before, now = (self.tokenizer.decode(ids, skip_special_tokens=True, clean_up_tokenization_spaces=False)
+        before, now = (self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
+                                             clean_up_tokenization_spaces=False)
                        for ids in (self.context, self.context + self.held))
         self.held = []
         return now[len(before):]
@@ -53,10 +55,12 @@ def stop_prefix_len(text: str, stops: Sequence[str]) -> int:
 
 
 class TextStream:
-    """Detokenizer plus stop strings: push tokens, get the text that is safe to show."""
+    """Detokenizer plus stop strings: push tokens, get the text that is safe to show. With
+    `skip_special_tokens` off, special tokens come through as their text (a chat reply's parser
+    needs them as boundaries)."""
 
-    def __init__(self, tokenizer, stops: Sequence[str] = ()):
-        self.detok = Detokenizer(tokenizer)
+    def __init__(self, tokenizer, stops: Sequence[str] = (), skip_special_tokens: bool = True):
+        self.detok = Detokenizer(tokenizer, skip_special_tokens)
         self.stops = tuple(stops)
         self.pending = ""  # decoded, not yet released: might begin a stop string
         self.stopped = False

@@ -107,6 +107,7 @@ class Job:
     sampling: SamplingParams
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    skip_special_tokens: bool = True
     accepted: float = field(default_factory=time.perf_counter)
     _events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -325,7 +326,8 @@ class Engine:
                 generator.seed()
             else:
                 generator.manual_seed(job.seed)
-            slot.request = _Live(job, TextStream(self.tokenizer, job.stop), generator, job.accepted)
+            text = TextStream(self.tokenizer, job.stop, job.skip_special_tokens)
+            slot.request = _Live(job, text, generator, job.accepted)
             self._accept(slot.index, self._device(self.model.runner.prefill, slot.index, job.prompt))
 
     def _step(self) -> None:

@@ -121,7 +121,7 @@ TOO_LONG = "hello world " * 40  # > 32 tokens, the largest bucket of tiny-e2b
     (CHAT, {"model": MODEL, "messages": []}, 400, "messages", None),
     (CHAT, {"model": MODEL, "messages": "hi"}, 400, "messages", None),
     (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content", None),
-    (CHAT, {"model": MODEL, "messages": [{"role": "tool", "content": "x"}]}, 400, "messages.0.role", None),
+    (CHAT, {"model": MODEL, "messages": [{"role": "function", "content": "x"}]}, 400, "messages.0.role", None),
     (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
      "messages.0.content", None),
     (CHAT, {"model": "gpt-4", "messages": HI}, 404, "model", "model_not_found"),

@@ -39,10 +39,12 @@ def test_flush_releases_an_incomplete_character_at_the_end(tok):
     assert detok.flush().startswith(REPLACEMENT)
 
 
-def test_special_tokens_add_no_text(tok):
+def test_special_tokens_add_no_text_unless_kept(tok):
+    ids = ids_of(tok, "hello") + [tok.convert_tokens_to_ids("<turn|>")] + ids_of(tok, " world")
     detok = Detokenizer(tok)
-    ids = ids_of(tok, "hello") + [tok.convert_tokens_to_ids("<end_of_turn>")] + ids_of(tok, " world")
     assert "".join(detok.push(i) for i in ids) + detok.flush() == "hello world"
+    kept = Detokenizer(tok, skip_special_tokens=False)
+    assert "".join(kept.push(i) for i in ids) + kept.flush() == "hello<turn|> world"
 
 
 def stream(tok, text: str, stops) -> tuple[list[str], bool]:

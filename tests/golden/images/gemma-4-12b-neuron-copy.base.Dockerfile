@@ -25,7 +25,7 @@ ENV PATH=/opt/venv/bin:/opt/aws/neuron/bin:$PATH \
 RUN python3.11 -m venv /opt/venv \
  && pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==2.8.*" \
  && pip install --no-cache-dir --extra-index-url https://pip.repos.neuron.amazonaws.com \
-    "neuronx-cc==2.23.6484.*" "torch-neuronx==2.8.0.*" "neuronx-distributed==0.17.*" "transformers==5.23.0" "flask==3.1.3" "gunicorn==27.0.1" "pydantic==2.14.4"
+    "neuronx-cc==2.23.6484.*" "torch-neuronx==2.8.0.*" "neuronx-distributed==0.17.*" "transformers==5.24.0" "flask==3.1.3" "gunicorn==27.0.1" "pydantic==2.14.4"
 
 # Weights and compile in a throwaway stage: the checkpoint and the compiler's scratch stay out of the base.
 FROM toolchain AS compile

@@ -1,0 +1,133 @@
+"""Chat requests through the checkpoint's template (tools, tool results, thinking) and replies in
+OpenAI's shape (reasoning_content, content, tool_calls), on the random model's chat-sized artifact,
+through Flask's client and the official `openai` client."""
+
+from __future__ import annotations
+
+import json
+
+import httpx2
+import openai
+import pytest
+
+from runtime.app import create_app
+from runtime.chat import ChatTemplateError, Message, Tool, render, template_kwargs
+from runtime.engine import State
+from runtime.settings import Settings
+
+from engines import running
+
+CHAT = "/v1/chat/completions"
+MODEL = "tiny-e2b"
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Get the weather",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
+                                                    "unit": {"enum": ["celsius", "fahrenheit"]},
+                                                    "days": {"type": "integer"}},
+                   "required": ["city", "unit"]}}}
+ASK = {"role": "user", "content": "Weather in Paris?"}
+CALLED = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function",
+     "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]}
+RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}
+BAD_ARGUMENTS = CALLED | {"tool_calls": [{"id": "call_1", "type": "function",
+                                          "function": {"name": "get_weather", "arguments": "{city"}}]}
+
+
+@pytest.fixture(scope="module")
+def engine(compiled):
+    with running(Settings(artifact=compiled("tiny-e2b", "chat"))) as eng:
+        assert eng.wait(300) is State.READY, eng.reason
+        yield eng
+
+
+@pytest.fixture(scope="module")
+def client(engine):
+    return create_app(engine.settings, engine).test_client()
+
+
+@pytest.fixture(scope="module")
+def oai(engine):
+    """The official client, on the app in process (WSGI), as it would talk to the server."""
+    app = create_app(engine.settings, engine)
+    return openai.OpenAI(base_url="http://chat.test/v1", api_key="unused", max_retries=0,
+                         http_client=httpx2.Client(transport=httpx2.WSGITransport(app=app)))
+
+
+def sse(resp) -> list[dict]:
+    lines = [ln[len("data: "):] for ln in resp.get_data(as_text=True).split("\n\n") if ln.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(ln) for ln in lines[:-1]]
+
+
+def prompt_len(engine, messages, tools=None, **kw) -> int:
+    """What the template makes of the messages, decoded arguments and all, counted independently."""
+    decoded = [m | {"tool_calls": [c | {"function": c["function"] | {"arguments": json.loads(c["function"]["arguments"])}}
+                                   for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
+    return len(engine.tokenizer.apply_chat_template(decoded, tools=tools, add_generation_prompt=True, tokenize=True,
+                                                    return_dict=False, **kw))
+
+
+# -- the request side, without a model --------------------------------------------------------------
+def test_thinking_switch_spellings():
+    assert template_kwargs({"enable_thinking": True}) == {"enable_thinking": True}
+    assert template_kwargs({"thinking": True}) == {"enable_thinking": True}
+    with pytest.raises(ChatTemplateError, match="true or false"):
+        template_kwargs({"enable_thinking": "yes"})
+
+
+def test_tool_choice_none_leaves_the_tools_out(engine):
+    msgs = [Message.model_validate(ASK)]
+    tools = [Tool.model_validate(WEATHER)]
+    assert "<|tool>" in render(engine.tokenizer, msgs, tools, "auto", None)
+    assert "<|tool>" not in render(engine.tokenizer, msgs, tools, "none", None)
+
+
+# -- through the server --------------------------------------------------------------------------------
+def test_a_tool_result_follow_up_renders_the_calls_and_results(client, engine):
+    messages = [ASK, CALLED, RESULT]
+    body = {"model": MODEL, "messages": messages, "tools": [WEATHER], "max_tokens": 4, "temperature": 0}
+    resp = client.post(CHAT, json=body)
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    assert resp.get_json()["usage"]["prompt_tokens"] == prompt_len(engine, messages, [WEATHER])
+
+
+@pytest.mark.parametrize("change,param", [
+    ({"messages": [ASK, BAD_ARGUMENTS, RESULT]}, "messages.1.tool_calls.0.function.arguments"),
+    ({"messages": [ASK, {"role": "tool", "content": "x"}]}, "messages.1.tool_call_id"),
+    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+    ({"tools": [{"type": "function", "function": {"name": "get-weather"}}]}, "tools.0.function"),
+    ({"tool_choice": "sometimes"}, "tool_choice"),
+    ({"chat_template_kwargs": {"enable_thinking": 1}}, "chat_template_kwargs.enable_thinking"),
+])
+def test_bad_tool_requests_get_a_400_naming_the_field(client, change, param):
+    body = {"model": MODEL, "messages": [ASK], "tools": [WEATHER], "max_tokens": 2} | change
+    resp = client.post(CHAT, json=body)
+    assert resp.status_code == 400, resp.get_data(as_text=True)
+    assert resp.get_json()["error"]["param"].startswith(param)
+
+
+THINK_AFTER_RESULT = {"model": MODEL, "messages": [ASK, CALLED, RESULT], "tools": [WEATHER], "max_tokens": 8,
+                      "temperature": 0, "chat_template_kwargs": {"enable_thinking": True}}
+
+
+def test_reasoning_is_separated_whole_and_streamed(client, engine):
+    """Thinking after a tool result: the prompt opens the thought channel, so what the model writes
+    until <channel|> is reasoning, never content."""
+    whole = client.post(CHAT, json=THINK_AFTER_RESULT).get_json()
+    message = whole["choices"][0]["message"]
+    assert whole["usage"]["prompt_tokens"] == prompt_len(engine, [ASK, CALLED, RESULT], [WEATHER], enable_thinking=True)
+    assert message["reasoning_content"] and not message["content"]
+    events = sse(client.post(CHAT, json=THINK_AFTER_RESULT | {"stream": True}))
+    deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
+    assert not any(d.get("content") for d in deltas[1:])
+    # vLLM's spelling of the switch renders the same prompt.
+    same = client.post(CHAT, json=THINK_AFTER_RESULT | {"chat_template_kwargs": {"thinking": True}}).get_json()
+    assert same["usage"] == whole["usage"] and same["choices"][0]["message"] == message
+
+
+def test_turn_end_and_tool_response_end_generation(engine):
+    """<turn|> ends a reply and <|tool_response> a tool call: both are end-of-generation ids."""
+    ends = set(engine.tokenizer.convert_tokens_to_ids(["<turn|>", "<|tool_response>", "<eos>"]))
+    assert ends <= set(engine.model.meta.eos_token_ids)

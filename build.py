@@ -104,6 +104,7 @@ def parser() -> argparse.ArgumentParser:
                    help="neuron base: download the weights in the build with a BuildKit secret (buildx; default) "
                         "or copy the checkpoint downloaded on this host (works with the docker SDK)")
     i.add_argument("--dry-run", action="store_true", help="print the plan and Dockerfiles; no daemon needed")
+    i.add_argument("--out", help="with --dry-run: also write each rendered Dockerfile to OUT/KIND.Dockerfile")
     i.set_defaults(run=_images)
 
     b = sub.add_parser("bench", help="speed and memory side by side, as ratios")

@@ -39,7 +39,16 @@ SERVER_UID = 10001  # numeric, so Kubernetes' runAsNonRoot can check it without 
 START_PERIOD = {"neuron": "10m", "cpu": "2m"}
 
 NEURON_APT_REPO = "https://apt.repos.neuron.amazonaws.com"
-NEURON_APT_PACKAGES = ("aws-neuronx-runtime-lib", "aws-neuronx-collectives", "aws-neuronx-tools")
+# The Neuron runtime's apt packages by SDK release, exactly (the inf2 packages of each release in
+# aws-neuron-sdk's src/helperscripts/n2-manifest.json). The repository's versions carry a build suffix
+# ("2.25.57.0-<hash>"), hence the "-*".
+NEURON_APT_VERSIONS = {
+    "2.23": {"aws-neuronx-runtime-lib": "2.25.57.0", "aws-neuronx-collectives": "2.25.65.0",
+             "aws-neuronx-tools": "2.23.9.0"},
+}
+# Ubuntu 22.04's own packages for the neuron base, pinned to the series it ships (its security updates
+# move within them).
+OS_APT_PINS = {"ca-certificates": "2024*", PYTHON["neuron"]: "3.11.*", f"{PYTHON['neuron']}-venv": "3.11.*"}
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -200,8 +209,14 @@ def _base_spec(manifest: Manifest, options: ImageOptions, repository: str, tag: 
         if weights == "copy":
             context.append(("checkpoint", "checkpoint"))
         source = manifest.model.source or ""
+        if tc.neuron_sdk not in NEURON_APT_VERSIONS:
+            raise ImageError(f"plan: no apt versions of the Neuron runtime are known for toolchain.neuron_sdk "
+                             f"{tc.neuron_sdk!r}; known: {', '.join(NEURON_APT_VERSIONS)} (imageplan.NEURON_APT_VERSIONS)")
         values.update(
             weights_mode=weights,
+            neuron_apt_repo=NEURON_APT_REPO,
+            neuron_apt=" ".join(f"{p}={v}-*" for p, v in NEURON_APT_VERSIONS[tc.neuron_sdk].items()),
+            os_apt=" ".join(f"{p}={v}" for p, v in OS_APT_PINS.items()),
             torch=".".join(tc.torch_neuronx.split(".")[:2]) + ".*",  # torch-neuronx X.Y.* runs on torch X.Y
             neuron_pins=" ".join(f'"{p}=={v}.*"' for p, v in (
                 ("neuronx-cc", tc.neuronx_cc), ("torch-neuronx", tc.torch_neuronx),
@@ -218,7 +233,7 @@ def _base_spec(manifest: Manifest, options: ImageOptions, repository: str, tag: 
             if swap.get(v) is not None:
                 labels.append((f"gemma4-inf2.compile-swap-gib.{v}", f"{swap[v]:g}"))
     return ImageSpec(
-        kind="base", flavour=flavour, repository=repository, tag=tag, template=f"base-{flavour}.Dockerfile",
+        kind="base", flavour=flavour, repository=repository, tag=tag, template=f"base-{flavour}.template",
         from_image=os_image, depends_on=None, variants=variants, context=tuple(context), env=(),
         labels=tuple(_oci_labels(options, os_image, None) + labels), values=tuple(values.items()),
     )
@@ -237,7 +252,7 @@ def _slim_spec(manifest: Manifest, options: ImageOptions, base: ImageSpec, kind:
         ("PYTHONPATH", SERVER_DIR),
     )
     return ImageSpec(
-        kind=kind, flavour=options.flavour, repository=base.repository, tag=tag, template="slim.Dockerfile",
+        kind=kind, flavour=options.flavour, repository=base.repository, tag=tag, template="slim.template",
         from_image=base.ref, depends_on="base", variants=(variant,),
         context=tuple((f"{SERVER_CONTEXT}/{f}", f"code:{f}") for f in server_files), env=env,
         labels=tuple(_oci_labels(options, base.ref, None) + [("gemma4-inf2.flavour", options.flavour),

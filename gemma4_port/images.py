@@ -197,6 +197,17 @@ def stage_context(spec: ImageSpec, dockerfile: str, folder: Path, sources: dict[
 
 # ------------------------------------------------------------------------------------ main
 
+def write_dockerfiles(specs: list[ImageSpec], folder: Path) -> list[Path]:
+    """Each image's rendered Dockerfile as DIR/KIND.Dockerfile (for linters and review)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for spec in specs:
+        path = folder / f"{spec.kind}.Dockerfile"
+        path.write_text(render_dockerfile(spec))
+        written.append(path)
+    return written
+
+
 def print_plan(specs: list[ImageSpec], console: Console) -> None:
     for spec in specs:
         parts = sorted({what.split(":")[0] if what.startswith("code:") else what for _, what in spec.context})
@@ -261,12 +272,17 @@ def summary(title: str, rows: list) -> Table:
 def images_main(args) -> int:
     out = Console(width=None if sys.stdout.isatty() else 160)
     log = Console(stderr=True, soft_wrap=True)  # build logs as they come, never re-wrapped
+    if args.out and not args.dry_run:
+        raise ImageError("--out writes the rendered Dockerfiles of a --dry-run: add --dry-run")
     manifest = load_manifest(args.manifest)
     options = image_options(args, manifest)
     build_files, server_files = project_files()
     specs = plan_images(manifest, options, build_files, server_files)
     if args.dry_run:
         print_plan(specs, out)
+        if args.out:
+            for path in write_dockerfiles(specs, Path(args.out)):
+                out.print(f"wrote {path}", highlight=False)
         return 0
     missing = [f for f in SERVER_ENTRY if not (ROOT / f).is_file()]
     if missing and any(s.kind in SLIM_TP for s in specs):

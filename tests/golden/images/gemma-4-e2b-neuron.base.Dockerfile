@@ -8,16 +8,19 @@
 
 FROM ubuntu:22.04 AS toolchain
 ARG DEBIAN_FRONTEND=noninteractive
-RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates curl gnupg python3.11 python3.11-venv \
- && install -d -m 0755 /etc/apt/keyrings \
- && curl -fsSL https://apt.repos.neuron.amazonaws.com/GPG-PUB-KEY-AMAZON-AWS-NEURON.PUB \
-    | gpg --dearmor -o /etc/apt/keyrings/neuron.gpg \
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# The Neuron repository's key, fetched by the builder: apt reads an armored key from a .asc file, so
+# neither curl nor gnupg goes into the image. Apt packages are pinned: the OS's to the series
+# Ubuntu 22.04 ships, the Neuron runtime exactly to the manifest's SDK release.
+ADD https://apt.repos.neuron.amazonaws.com/GPG-PUB-KEY-AMAZON-AWS-NEURON.PUB /etc/apt/keyrings/neuron.asc
+RUN chmod 0644 /etc/apt/keyrings/neuron.asc \
+ && apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates=2024* python3.11=3.11.* python3.11-venv=3.11.* \
  && . /etc/os-release \
- && echo "deb [signed-by=/etc/apt/keyrings/neuron.gpg] https://apt.repos.neuron.amazonaws.com $VERSION_CODENAME main" \
+ && echo "deb [signed-by=/etc/apt/keyrings/neuron.asc] https://apt.repos.neuron.amazonaws.com $VERSION_CODENAME main" \
     > /etc/apt/sources.list.d/neuron.list \
  && apt-get update \
- && apt-get install -y --no-install-recommends aws-neuronx-runtime-lib aws-neuronx-collectives aws-neuronx-tools \
+ && apt-get install -y --no-install-recommends aws-neuronx-runtime-lib=2.25.57.0-* aws-neuronx-collectives=2.25.65.0-* aws-neuronx-tools=2.23.9.0-* \
  && rm -rf /var/lib/apt/lists/*
 ENV PATH=/opt/venv/bin:/opt/aws/neuron/bin:$PATH \
     LD_LIBRARY_PATH=/opt/aws/neuron/lib \

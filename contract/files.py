@@ -16,7 +16,21 @@ def read_parsed(path: Path, parse: Callable[[str], Any], error: type[Exception],
         text = path.read_text()
     except FileNotFoundError:
         raise error(missing) from None
+    except IsADirectoryError:
+        raise error(f"{path} is a directory; give the file itself") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise error(f"{path}: cannot read it: {getattr(exc, 'strerror', None) or exc}") from None
     try:
         return parse(text)
     except syntax_errors as exc:
-        raise error(f"{path}: not valid {syntax}: {exc}") from None
+        raise error(f"{path}: not valid {syntax}: {_where(exc)}") from None
+
+
+def _where(exc: Exception) -> str:
+    """A parser's complaint in one line; YAML's says where by line and column (its own text names
+    the input "<unicode string>", not the file, over several lines)."""
+    mark = getattr(exc, "problem_mark", None)
+    if mark is not None:
+        context = f" ({exc.context})" if getattr(exc, "context", None) else ""
+        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}{context}"
+    return " ".join(str(exc).split())

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from contract.errors import Gemma4Error
 from contract.files import read_parsed
@@ -138,9 +138,27 @@ def parse_manifest(data: Any, origin: str) -> Manifest:
     try:
         return Manifest.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
+        # A misspelled key is two errors, the unknown one and the "Field required" it leaves: name the
+        # unknown one first, with the fields allowed there.
+        err = min(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        raise ManifestError(f"{origin}: {_location(err['loc'])}: {err['msg']}{more}") from None
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown field; allowed here: {', '.join(_fields_at(Manifest, err['loc'][:-1]))}"
+        raise ManifestError(f"{origin}: {_location(err['loc'])}: {msg}{more}") from None
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the (nested) model at a location (list indexes skipped)."""
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        annotation = model.model_fields[part].annotation
+        nested = [t for t in (annotation, *get_args(annotation)) if isinstance(t, type) and issubclass(t, BaseModel)]
+        if not nested:
+            return []
+        model = nested[0]
+    return [name for name, field in model.model_fields.items() if not field.exclude]
 
 
 def load_manifest(path: str | Path) -> Manifest:

@@ -1,3 +1,5 @@
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -41,7 +43,11 @@ def _base():
     (lambda d: d["model"].update(source="google/gemma-4-E2B-it"), "model", "exactly one"),
     (lambda d: d["model"]["random"]["config"].update(num_hidden_layers="many"), "model.random.config", "Gemma4TextConfig"),
     (lambda d: d["toolchain"].pop("neuronx_cc"), "toolchain.neuronx_cc", "required"),
-    (lambda d: d.update(surprise=1), "surprise", "not permitted"),
+    (lambda d: d.update(surprise=1), "surprise", "unknown field; allowed here: name, model, toolchain"),
+    # A misspelled key: the unknown field first, not the "Field required" it leaves behind.
+    (lambda d: d.update(toolchian=d.pop("toolchain")), "toolchian", "unknown field"),
+    (lambda d: d["variants"][0].update(tpp=d["variants"][0].pop("tp")), "variants[0].tpp",
+     "unknown field; allowed here: name, tp, batch"),
 ])
 def test_bad_manifest_names_file_and_field(tmp_path, mutate, field, words):
     data = _base()
@@ -66,6 +72,25 @@ def test_missing_and_malformed_files(tmp_path):
     (tmp_path / "x.yaml").write_text("name: [unclosed")
     with pytest.raises(ManifestError, match="not valid YAML"):
         load_manifest(tmp_path / "x.yaml")
+
+
+@pytest.mark.parametrize("text, where", [
+    ("name: [unclosed", "line 1, column 16: expected ',' or ']'"),
+    ("name: x\nmodel: {source: a\n  b: [\n", "line 3, column 4: expected ',' or '}', but got ':'"),
+])
+def test_a_yaml_syntax_error_is_one_line_naming_the_file_and_line(tmp_path, text, where):
+    (tmp_path / "x.yaml").write_text(text)
+    with pytest.raises(ManifestError) as err:
+        load_manifest(tmp_path / "x.yaml")
+    msg = str(err.value)
+    assert msg.startswith(f"{tmp_path / 'x.yaml'}: not valid YAML: {where}"), msg
+    assert "\n" not in msg and "<unicode string>" not in msg
+
+
+def test_a_directory_is_one_error_line(tmp_path):
+    run = subprocess.run([sys.executable, "build.py", "plan", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 2 and run.stderr == f"error: {tmp_path} is a directory; give the file itself\n"
 
 
 def test_manifests_are_frozen():

@@ -15,4 +15,4 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -m "not neuron" "$@"
+exec .venv/bin/python -m pytest -m "not neuron" --durations=15 "$@"

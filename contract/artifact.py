@@ -38,12 +38,14 @@ class Geometry(Frozen):
     kinds: tuple[str, ...]
     rope: dict[str, Rope]
     kv_heads: tuple[tuple[int, int], ...]  # per rank, per KV tensor (K then V per cache): (KVH, D)
+    kv_kinds: tuple[str, ...]  # per KV tensor: the attention kind of the layer that owns it
     embed_scale: float
     ple_scale: float
     softcap: float | None
     dtype: Literal["float32", "bfloat16"]
     batch: int
     buckets: tuple[int, ...]
+    ring: int  # positions a sliding layer's cache keeps (a ring over the window plus a chunk)
     decode_buckets: tuple[int, ...]  # KV lengths of the decode graphs, the last = kv_max
     tp: int
     prefill: Literal["device", "host"]  # where a prompt runs (host: a CPU graph of the whole model)
@@ -53,10 +55,14 @@ class Geometry(Frozen):
     def kv_max(self) -> int:
         return self.decode_buckets[-1]
 
+    def span(self, kind: str) -> int:
+        """Cache positions a layer of this attention kind keeps."""
+        return self.ring if kind == "sliding" else self.kv_max
+
     @property
     def kv_shapes(self) -> list[tuple[int, int, int, int]]:
-        """Per rank, K then V per cache: (B, KVH, K, D)."""
-        return [(self.batch, heads, self.kv_max, dim) for heads, dim in self.kv_heads]
+        """Per rank, K then V per cache: (B, KVH, S, D), S = kv_max for a global layer, the ring for a sliding one."""
+        return [(self.batch, heads, self.span(kind), dim) for (heads, dim), kind in zip(self.kv_heads, self.kv_kinds)]
 
 
 class Golden(Frozen):

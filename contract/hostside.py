@@ -51,20 +51,43 @@ class HostInputs:
         # Row p: every rotary input of position p, as the graphs' packed `rope` input takes it.
         rope = [part for kind in geo.kinds for part in self._rope(torch.arange(K), kind)]
         self.rope_rows = torch.cat(rope, dim=1)  # (K, sum over kinds of 2D)
-        # Row p of a causal (or windowed) mask over T keys, and of the one-hot write at p, is the T-wide
-        # slice at offset K-1-p of a 2K strip; `unfold` views all those slices without copying, one
-        # view per decode bucket T. Offset K (p = -1) is an idle slot's: it sees no key, writes nothing.
-        distance = (K - 1) - torch.arange(2 * K)  # strip index -> query position minus key position
-        strips = [self._additive(self._visible(distance, kind)) for kind in geo.kinds]
-        strips.append((distance == 0).to(self.dtype))
-        strips = torch.stack(strips)  # (kinds + 1, 2K): each slice's T values adjacent, so a gather is contiguous
-        self.row_bits = {t: self._bits(strips.unfold(1, t, 1).permute(1, 0, 2))  # (2K-T+1, kinds + 1, T)
-                         for t in geo.decode_buckets}
         self.rope_bits = self._bits(self.rope_rows)
-        self.prefill_masks = {b: torch.stack([
-            self._additive(self._visible(torch.arange(b)[:, None] - torch.arange(b), kind)) for kind in geo.kinds
-        ])[None] for b in geo.buckets}  # (1, kinds, S, S)
+        # Per kind, the mask row and one-hot write row of a query at position q over that kind's cache
+        # of S positions (kv_max, or the sliding ring), as a T-wide slice of one 4S strip: a sliding-window
+        # view gives every slice without copying, one view per width a graph reads.
+        self.spans = {kind: geo.span(kind) for kind in geo.kinds}
+        self.row_bits = {}
+        for kind, S in self.spans.items():
+            strip = self._bits(self._strip(kind, S))  # (2, 4S)
+            widths = {min(t, S) for t in geo.decode_buckets} | {S}
+            self.row_bits[kind] = {w: np.lib.stride_tricks.sliding_window_view(strip, w, axis=1).transpose(1, 0, 2)
+                                   for w in widths}  # (4S-w+1, 2, w)
         self.order = {g: [n for n in geo.inputs[g] if not n.startswith("kv")] for g in ("prefill", "decode")}
+
+    def _strip(self, kind: str, S: int) -> torch.Tensor:
+        """(2, 4S): additive mask, then one-hot write. Slice S-1-q (q < S) is the row of position q
+        while the cache is filling: key j holds position j. Slice 3S-1-(q mod S) (q >= S) is the row
+        of a ring that has wrapped: key j holds the latest position congruent to j, q - ((q - j) mod S).
+        Slice S sees no key and writes nothing: an idle slot or a chunk's padding."""
+        i = torch.arange(4 * S)
+        linear = (S - 1) - i  # query position minus the position key j holds, for i < 2S
+        wrapped = (3 * S - 1 - i) % S  # the same once every key holds a position (i >= 2S)
+        distance = torch.where(i < 2 * S, linear, wrapped)
+        return torch.stack([self._additive(self._visible(distance, kind)), (distance == 0).to(self.dtype)])
+
+    def _offset(self, kind: str, position: int | None) -> int:
+        S = self.spans[kind]
+        if position is None:
+            return S
+        return S - 1 - position if position < S else 3 * S - 1 - position % S
+
+    def _rows(self, positions: list[int | None], keys: int) -> dict[str, torch.Tensor]:
+        """rows_<kind> (N, 2, T) for queries at `positions` over the first `keys` cache positions."""
+        out = {}
+        for kind, S in self.spans.items():
+            index = [self._offset(kind, p) for p in positions]
+            out[f"rows_{kind}"] = self._gather(self.row_bits[kind][min(keys, S)], index)  # (N, 2, T)
+        return out
 
     def _rope(self, positions: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (N,) -> cos, sin (N, D) at the graph dtype."""
@@ -105,16 +128,21 @@ class HostInputs:
         """The graph's inputs in its traced order (each is contiguous: fresh gathers or leading rows)."""
         return tuple(values[n] for n in self.order[graph]) + tuple(kv)
 
-    def prefill(self, ids: list[int], bucket: int, slot: int, kv=()) -> tuple[torch.Tensor, ...]:
-        """A prompt right-padded to `bucket`, written into `slot` from position 0."""
+    def prefill(self, ids: list[int], bucket: int, slot: int, kv=(), start: int = 0) -> tuple[torch.Tensor, ...]:
+        """A chunk of prompt tokens right-padded to `bucket`, at positions start .. start+n-1 of `slot`
+        (whose earlier positions already hold this request's KV); its last token's logits come back."""
         n = len(ids)
         if not 0 < n <= bucket:
-            raise ValueError(f"prompt of {n} tokens does not fit bucket {bucket}")
+            raise ValueError(f"a chunk of {n} tokens does not fit bucket {bucket}")
         if bucket not in self.geo.buckets:
             raise ValueError(f"{bucket} is not one of the prefill buckets {self.geo.buckets}")
-        h, ple = self.embed([list(ids) + [0] * (bucket - n)])  # ids (1, S)
-        values = {"hidden": h, "ple": ple, "rope": self.rope_rows[None, :bucket], "masks": self.prefill_masks[bucket]}
-        values["last"] = torch.nn.functional.one_hot(torch.tensor([n - 1]), bucket).to(self.dtype)  # (1, S)
+        if not 0 <= start <= self.geo.kv_max - n:
+            raise ValueError(f"a chunk of {n} tokens at position {start} does not fit kv_max={self.geo.kv_max}")
+        positions = [start + i for i in range(n)] + [None] * (bucket - n)
+        h, ple = self.embed([list(ids) + [0] * (bucket - n)])  # ids (1, C)
+        rope = self._gather(self.rope_bits, [[p or 0 for p in positions]])  # (1, C, 2D per kind)
+        values = {"hidden": h, "ple": ple, "rope": rope, **self._rows(positions, self.geo.kv_max)}
+        values["last"] = torch.nn.functional.one_hot(torch.tensor([n - 1]), bucket).to(self.dtype)  # (1, C)
         values["slot"] = torch.nn.functional.one_hot(torch.tensor(slot), self.geo.batch).to(self.dtype)  # (B,)
         return self._assemble("prefill", values, kv)
 
@@ -123,12 +151,12 @@ class HostInputs:
         """One token per slot, for the decode graph over the first `keys` cache positions (default:
         all); `None` marks an idle slot (it sees no key and writes nothing; its output is never
         read). Four gathers in all: words, PLE, rope rows, mask-and-write rows; nothing else."""
-        K, T = self.geo.kv_max, keys or self.geo.kv_max
-        if T not in self.row_bits:
+        T = keys or self.geo.kv_max
+        if T not in self.geo.decode_buckets:
             raise ValueError(f"{T} is not one of the decode buckets {self.geo.decode_buckets}")
         h, ple = self.embed([[t or 0] for t in tokens])  # ids (B, 1)
-        pos = [[p if t is not None else 0] for t, p in zip(tokens, positions)]  # (B, 1)
-        offset = [K - 1 - p if t is not None else K for t, p in zip(tokens, positions)]  # (B,)
+        at = [p if t is not None else None for t, p in zip(tokens, positions)]
+        pos = [[p or 0] for p in at]  # (B, 1)
         values = {"hidden": h, "ple": ple, "rope": self._gather(self.rope_bits, pos),  # rope (B, 1, 2D per kind)
-                  "rows": self._gather(self.row_bits[T], offset)}  # (B, kinds + 1, T)
+                  **self._rows(at, T)}  # rows_<kind> (B, 2, T)
         return self._assemble("decode", values, kv)

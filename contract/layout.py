@@ -54,10 +54,12 @@ def signature(geo: Geometry, graph: str, bucket: int) -> list[tuple[str, tuple[i
     """Name, shape and dtype of each non-KV input of a graph (a prefill of `bucket` positions, a decode
     over `bucket` keys), from the geometry alone: what the host builds, what the neff was compiled
     for, and what ModelBuilder routes a call by."""
-    B, S, kinds = geo.batch, bucket if graph == "prefill" else 1, len(geo.kinds)
+    B, S = geo.batch, bucket if graph == "prefill" else 1
     rows = 1 if graph == "prefill" else B
+    queries = S if graph == "prefill" else B  # a mask-and-write row per chunk token, or per slot
+    keys = geo.kv_max if graph == "prefill" else bucket
     shapes = {"hidden": (rows, S, geo.hidden), "ple": (rows, S, geo.num_layers, geo.ple_dim),
-              "rope": (rows, S, sum(2 * r.head_dim for r in geo.rope.values())),
-              "masks": (1, kinds, S, S), "last": (1, S), "slot": (B,), "rows": (B, kinds + 1, bucket)}
+              "rope": (rows, S, sum(2 * r.head_dim for r in geo.rope.values())), "last": (1, S), "slot": (B,)}
+    shapes |= {f"rows_{kind}": (queries, 2, min(keys, geo.span(kind))) for kind in geo.kinds}
     dtype = DTYPES[geo.dtype]
     return [(n, shapes[n], dtype) for n in geo.inputs[graph] if not n.startswith("kv")]

@@ -19,6 +19,7 @@ class Case:
     ids: list[int]
     steps: int
     golden: tuple[int, ...] | None = None  # the artifact's self-test tokens, which must match too
+    reused: int = 0  # leading positions kept from the slot's previous request, not prefilled again
 
 
 @dataclass

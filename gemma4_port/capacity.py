@@ -23,8 +23,9 @@ from contract.dtypes import DTYPES
 from contract.layout import NeuronLayout, neuron_layout
 
 from .configs import text_config_for
+from .lint import SBUF_PARTITION_BYTES
 from .manifest import Manifest, Variant, load_manifest
-from .model import Gemma4Decoder, kv_shapes
+from .model import Gemma4Decoder, kv_shapes, ring_size
 from .sharding import ShardingError, shard_model, shard_table
 
 GIB = 2**30
@@ -65,8 +66,12 @@ class ModelSizes:
             decoder = Gemma4Decoder(self.shard(tp, rank))
         return sum(t.numel() for t in (*decoder.parameters(), *decoder.buffers()))
 
-    def kv(self, tp: int, rank: int, batch: int, kv_max: int) -> int:
-        return sum(math.prod(s) for s in kv_shapes(self.shard(tp, rank), batch, kv_max))
+    def kv(self, tp: int, rank: int, batch: int, kv_max: int, ring: int) -> int:
+        """KV elements: global layers keep kv_max positions, sliding layers a ring of `ring`."""
+        return sum(math.prod(s) for s in kv_shapes(self.shard(tp, rank), batch, kv_max, ring))
+
+    def ring(self, variant: Variant) -> int:
+        return ring_size(self.shard(1, 0).sliding_window, variant.kv_max, variant.buckets)
 
     def host_tables(self) -> int:
         m = self.shard(1, 0)
@@ -118,7 +123,7 @@ def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
     return Footprint(
         variant=variant, layout=neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets),
         rank_weights=size * max(sizes.weights(variant.tp, r) for r in ranks),
-        rank_kv=size * max(sizes.kv(variant.tp, r, variant.batch, variant.kv_max) for r in ranks),
+        rank_kv=size * max(sizes.kv(variant.tp, r, variant.batch, variant.kv_max, sizes.ring(variant)) for r in ranks),
         host_tables=size * sizes.host_tables(), whole_weights=size * sizes.weights(1, 0),
     )
 
@@ -143,10 +148,28 @@ def compile_swap_gib(manifest: Manifest, variant: Variant, host_gib: int = BUILD
 
 def largest_kv_max(sizes: ModelSizes, fp: Footprint) -> int | None:
     """The largest kv_max (a multiple of 128 above the largest bucket) whose KV fits next to the weights."""
-    room = CORE_GIB * GIB - fp.rank_weights * fp.layout.weight_copies
-    per_token = fp.rank_kv // fp.variant.kv_max
+    v = fp.variant
+    size = DTYPES[v.dtype].itemsize
+    ring = sizes.shard(1, 0).sliding_window + v.buckets[-1]  # the ring once kv_max is past it
+    # The sliding rings are a fixed cost; each further position costs one row of every global cache.
+    fixed = size * max(sizes.kv(v.tp, r, v.batch, 0, ring) for r in range(v.tp))
+    per_token = size * max(sizes.kv(v.tp, r, v.batch, 1, ring) for r in range(v.tp)) - fixed
+    room = CORE_GIB * GIB - fp.rank_weights * fp.layout.weight_copies - fixed
     kv_max = (room // per_token) // 128 * 128 if room > 0 else 0
     return kv_max if kv_max > fp.variant.buckets[-1] else None
+
+
+# A softmax row over every key of a global cache, in float32, must fit one SBUF partition (the lint's rule).
+SOFTMAX_KEYS = SBUF_PARTITION_BYTES // 4
+
+
+def kv_max_limit(sizes: ModelSizes, fp: Footprint) -> str:
+    """The largest kv_max this variant can take, and what bounds it: the core's memory (the KV beside
+    the weights) or the lint (a float32 softmax row over kv_max keys in one SBUF partition)."""
+    memory = largest_kv_max(sizes, fp)
+    if memory is None:
+        return "-"
+    return f"{SOFTMAX_KEYS} SBUF" if SOFTMAX_KEYS <= memory else f"{memory} HBM"
 
 
 def fixes(sizes: ModelSizes, fp: Footprint) -> list[str]:
@@ -192,13 +215,14 @@ def describe(layout: NeuronLayout) -> str:
 
 def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> None:
     core = Table(title=f"{manifest.name}: per NeuronCore ({CORE_GIB} GiB), GiB")
-    for col in ("variant", "tp", "dtype", "batch x kv_max", "graphs", "weights", "copies", "KV", "per core", "fits"):
+    for col in ("variant", "tp", "dtype", "batch x kv_max", "ring", "graphs", "weights", "copies", "KV",
+                "kv_max up to", "per core", "fits"):
         core.add_column(col)
     for fp in fps:
         v = fp.variant
-        core.add_row(v.name, str(v.tp), SHORT[v.dtype], f"{v.batch} x {v.kv_max}", describe(fp.layout),
-                     gib(fp.rank_weights), str(fp.layout.weight_copies), gib(fp.rank_kv),
-                     f"{gib(fp.per_core)} ({100 * fp.per_core / (CORE_GIB * GIB):.0f}%)",
+        core.add_row(v.name, str(v.tp), SHORT[v.dtype], f"{v.batch} x {v.kv_max}", str(sizes.ring(v)),
+                     describe(fp.layout), gib(fp.rank_weights), str(fp.layout.weight_copies), gib(fp.rank_kv),
+                     kv_max_limit(sizes, fp), f"{gib(fp.per_core)} ({100 * fp.per_core / (CORE_GIB * GIB):.0f}%)",
                      "yes" if fp.fits_core else "[bold red]NO[/]")
     console.print(core)
     host = Table(title=f"{manifest.name}: host RAM, GiB")
@@ -221,7 +245,10 @@ def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Fo
         "the host CPU.\n"
         "Counted on a core: every parameter and buffer of the rank's device graph (Gemma4Decoder of the "
         "sharding plan, built on the meta device): the decoder layers, lm_head (the tied embedding, copied "
-        f"to the device), the PLE projection; plus the KV buffers. The whole model is {whole / 1e9:.2f}B "
+        f"to the device), the PLE projection; plus the KV buffers: kv_max positions for a global layer, a ring "
+        "of the window plus the largest bucket for a sliding one. kv_max up to: what the core's memory "
+        f"holds beside the weights (HBM), or the lint's bound of {SOFTMAX_KEYS} keys (a float32 softmax row in "
+        "one SBUF partition), whichever is smaller. The whole model is {whole / 1e9:.2f}B "
         f"elements = {gib(4 * whole)} GiB fp32, {gib(2 * whole)} GiB bf16; at tp 2 a core holds more than "
         f"half, as lm_head ({gib(2 * lm_head)} GiB bf16), norms and replicated K/V sit on both cores. Not "
         "counted: activations, neff instructions, runtime scratch (keep headroom).\n"
@@ -239,7 +266,7 @@ def plan_main(args) -> int:
     sizes = ModelSizes(config)
     console = Console()
     if not console.is_terminal:  # a pipe or a CI log has no width to respect: do not squeeze the tables
-        console = Console(width=120)
+        console = Console(width=150)
     render(console, manifest, sizes, [footprint(sizes, v) for v in variants])
     if args.shards:
         for tp in sorted({v.tp for v in variants}):

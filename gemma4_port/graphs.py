@@ -11,10 +11,12 @@ from .model import Gemma4Decoder, kinds_present
 
 def input_names(m, graph: str) -> list[str]:
     """Few inputs, packed on the host: each is one copy to the device and one small torch op here.
-    rope (B, S, sum over kinds of 2D): cos then sin per kind; prefill masks (1, kinds, S, S);
-    decode rows (B, kinds + 1, T): a mask row per kind, then the one-hot write."""
+    rope (N, S, sum over kinds of 2D): cos then sin per kind; rows_<kind> (N, 2, T): per query
+    (a prefill chunk's tokens, or decode's slots) its mask row over that kind's cache, then its
+    one-hot write row (a global cache and a sliding ring differ in width, hence one input per kind)."""
     names = ["hidden"] + (["ple"] if m.ple_dim else []) + ["rope"]
-    names += ["masks", "last", "slot"] if graph == "prefill" else ["rows"]
+    names += [f"rows_{kind}" for kind in kinds_present(m)]
+    names += ["last", "slot"] if graph == "prefill" else []
     names += [f"kv{c}_{kv}" for c in range(len(m.cache_layers)) for kv in ("k", "v")]
     return names
 
@@ -43,16 +45,16 @@ class _FlatGraph(nn.Module):
             rope[kind] = (a["rope"][..., start:start + d], a["rope"][..., start + d:start + 2 * d])  # (B, S, D) x 2
             start += 2 * d
         kv = [a[n] for n in self.names if n.startswith("kv")]
-        return a, rope, kv
+        rows = {kind: a[f"rows_{kind}"] for kind in self.widths}  # (N, 2, T)
+        return a, rope, rows, kv
 
 
 class PrefillGraph(_FlatGraph):
     graph = "prefill"
 
     def forward(self, *args):
-        a, rope, kv = self._unpack(args)
-        masks = {k: a["masks"][:, i:i + 1] for i, k in enumerate(self.widths)}  # (1, 1, S, S)
-        logits, new_kv = self.decoder.prefill(a["hidden"], a.get("ple"), rope, masks, a["last"], a["slot"], kv)
+        a, rope, rows, kv = self._unpack(args)
+        logits, new_kv = self.decoder.prefill(a["hidden"], a.get("ple"), rope, rows, a["last"], a["slot"], kv)
         return (logits, *new_kv)
 
 
@@ -60,8 +62,6 @@ class DecodeGraph(_FlatGraph):
     graph = "decode"
 
     def forward(self, *args):
-        a, rope, kv = self._unpack(args)
-        rows = a["rows"]  # (B, kinds + 1, T)
-        masks = {k: rows[:, i:i + 1].unsqueeze(1) for i, k in enumerate(self.widths)}  # (B, 1, 1, T)
-        logits, new_kv = self.decoder.decode(a["hidden"], a.get("ple"), rope, masks, rows[:, -1], kv)
+        a, rope, rows, kv = self._unpack(args)
+        logits, new_kv = self.decoder.decode(a["hidden"], a.get("ple"), rope, rows, kv)
         return (logits, *new_kv)

@@ -1,13 +1,15 @@
 """The Gemma-4 text decoder as a device graph.
 
-Static shapes; KV buffers `(B, KVH, K, D)` only for layers that own a cache (kv-shared layers read
-their owner's); cache writes select by a one-hot mask (never an index); rotary tables and masks
-come from the host; word and per-layer embeddings are looked up on the host; explicit tanh-GELU
-and matmul attention; raw logits out (the softcap is monotonic, so argmax is unchanged; the host
-applies it to sample).
+Static shapes; KV buffers `(B, KVH, S, D)` only for layers that own a cache (kv-shared layers read
+their owner's): S = kv_max for global layers, a ring of `ring` positions for sliding ones (the
+window plus a chunk: older keys are never attended). Cache writes select by a one-hot mask (never an
+index); rotary tables, masks and the one-hot write rows come from the host; word and per-layer
+embeddings are looked up on the host; explicit tanh-GELU and matmul attention; raw logits out (the
+softcap is monotonic, so argmax is unchanged; the host applies it to sample).
 
-Shapes: B batch slots, S prompt bucket, K kv_max, H hidden, L layers, P PLE width, V vocab,
-Hq/KVH this rank's query/KV heads, D head_dim.
+Shapes: B batch slots, C prompt chunk bucket, S a kind's cache positions (T: the leading ones a
+decode bucket reads), H hidden, L layers, P PLE width, V vocab, Hq/KVH this rank's query/KV heads,
+D head_dim.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from contract.errors import Gemma4Error
@@ -235,21 +236,33 @@ class Gemma4Decoder(nn.Module):
         """h_last (B, H) -> raw logits (B, V); no softcap on the device."""
         return self.lm_head(self.norm(h_last))
 
-    def prefill(self, h, ple, rope, masks, last, slot, kv):
-        """One right-padded prompt into one slot.
+    def prefill(self, h, ple, rope, rows, last, slot, kv):
+        """A chunk of C prompt tokens at positions p .. p+C-1 of one slot whose positions before p
+        already hold this request's KV (an earlier chunk, or a reused prefix).
 
-        h (1, S, H); ple (1, S, L, P) or None; rope {kind: (cos, sin) (1, S, D)}; masks {kind: (1, 1, S, S)};
-        last (1, S) one-hot of the last real token; slot (B,) one-hot; kv: 2 tensors per cache (B, KVH, K, D).
-        Returns raw logits (1, V) and the new KV tensors with the slot replaced by the prompt's K/V.
+        The chunk's K/V go into the slot's cache first, each token at the position its one-hot write
+        row names (padding rows write nothing), then every token attends to the cache through its mask
+        row: causal within the chunk, the slot's earlier keys (sliding: the last `window`), and never a
+        position past its own, so whatever an earlier request left there is never read.
+        h (1, C, H); ple (1, C, L, P) or None; rope {kind: (cos, sin) (1, C, D)};
+        rows {kind: (C, 2, S)}: per token an additive mask row, then its one-hot write row;
+        last (1, C) one-hot of the token whose logits are returned; slot (B,) one-hot;
+        kv: 2 tensors per cache (B, KVH, S, D). Returns raw logits (1, V) and the new KV tensors.
         """
         if self.shard.ple_dim:
             ple = self.project_ple(h, ple)
-        fresh: list[tuple[torch.Tensor, torch.Tensor]] = []
+        B = slot.shape[0]
+        masks = {k: r[:, 0].unsqueeze(0).unsqueeze(0) for k, r in rows.items()}  # (1, 1, C, S)
+        puts = {k: r[:, 1].transpose(0, 1) for k, r in rows.items()}  # (S, C): position <- chunk token
+        hits = {k: r[:, 1].sum(0).view(1, 1, -1, 1) > 0 for k, r in rows.items()}  # (1, 1, S, 1)
+        pick_slot = slot.view(1, B).to(kv[0].dtype)  # (1, B)
+        # The slot's own buffers, selected by a one-hot product (exact: one 1.0 term, the rest 0.0).
+        mine = [torch.matmul(pick_slot, t.reshape(B, -1)).view(1, *t.shape[1:]) for t in kv]  # (1, KVH, S, D)
         for layer in self.layers:
             s = layer.shard
             if s.index == self.shard.first_shared:
                 # kv-shared layers write no cache: only the last position feeds the logits.
-                pick = last.unsqueeze(1)  # (1, 1, S)
+                pick = last.unsqueeze(1)  # (1, 1, C)
                 h = torch.matmul(pick, h)  # (1, 1, H)
                 if self.shard.ple_dim:
                     ple = torch.einsum("bs,bsld->bld", last, ple).unsqueeze(1)  # (1, 1, L, P)
@@ -259,34 +272,32 @@ class Gemma4Decoder(nn.Module):
             x = layer.input_layernorm(h)
             q = layer.self_attn.query(x, cos, sin)
             if s.owns_cache:
-                fresh.append(layer.self_attn.key_value(x, cos, sin))
-            k, v = fresh[s.cache]
-            a = layer.self_attn.attend(q, k, v, masks[s.kind])
+                for i, new in zip((2 * s.cache, 2 * s.cache + 1), layer.self_attn.key_value(x, cos, sin)):
+                    placed = torch.matmul(puts[s.kind], new)  # (1, KVH, S, D): each chunk token at its position
+                    mine[i] = torch.where(hits[s.kind], placed, mine[i])
+            a = layer.self_attn.attend(q, mine[2 * s.cache], mine[2 * s.cache + 1], masks[s.kind])
             h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.shard.ple_dim else None)
         if self.shard.first_shared == self.shard.num_layers:
             h = torch.matmul(last.unsqueeze(1), h)  # (1, 1, H)
-        K = kv[0].shape[2]
-        sel = slot.view(-1, 1, 1, 1).to(kv[0].dtype)  # (B, 1, 1, 1)
-        new_kv = []
-        for c, (k, v) in enumerate(fresh):
-            for old, new in ((kv[2 * c], k), (kv[2 * c + 1], v)):
-                new = F.pad(new, (0, 0, 0, K - new.shape[2]))  # (1, KVH, K, D): the whole slot is replaced
-                new_kv.append(write_one_hot(old, new, sel))
+        sel = slot.view(B, 1, 1, 1) > 0  # (B, 1, 1, 1)
+        new_kv = [write_one_hot(old, new, sel) for old, new in zip(kv, mine)]
         return self.logits(h[:, 0]), new_kv
 
-    def decode(self, h, ple, rope, masks, write, kv):
-        """One token for every slot, attending over the first T cache positions (a decode bucket:
-        every busy slot's position is below T, so the rest of the cache is neither read nor rewritten).
+    def decode(self, h, ple, rope, rows, kv):
+        """One token for every slot. A decode bucket of T keys: every busy slot's position is below T,
+        so a global cache is read and rewritten only in its first T positions, a sliding ring in its
+        first min(T, ring); the rest goes back untouched.
 
-        h (B, 1, H); ple (B, 1, L, P) or None; rope {kind: (cos, sin) (B, 1, D)}; masks {kind: (B, 1, 1, T)};
-        write (B, T) one-hot of each slot's position (all zero for an idle slot); kv as in prefill.
+        h (B, 1, H); ple (B, 1, L, P) or None; rope {kind: (cos, sin) (B, 1, D)};
+        rows {kind: (B, 2, T_kind)}: per slot an additive mask row, then the one-hot write of its
+        position (all zero for an idle slot); kv as in prefill.
         """
         if self.shard.ple_dim:
             ple = self.project_ple(h, ple)
-        B, T = write.shape
-        K = kv[0].shape[2]
-        oh = write.view(B, 1, T, 1).to(kv[0].dtype)  # (B, 1, T, 1)
-        window = [t[:, :, :T] for t in kv]  # (B, KVH, T, D)
+        B = h.shape[0]
+        masks = {k: r[:, 0].view(B, 1, 1, -1) for k, r in rows.items()}  # (B, 1, 1, T)
+        writes = {k: r[:, 1].view(B, 1, -1, 1) for k, r in rows.items()}  # (B, 1, T, 1)
+        read = [t[:, :, :rows[kind].shape[-1]] for kind, t in zip(kv_kinds(self.shard), kv)]  # (B, KVH, T, D)
         for layer in self.layers:
             s = layer.shard
             cos, sin = rope[s.kind]
@@ -294,22 +305,35 @@ class Gemma4Decoder(nn.Module):
             q = layer.self_attn.query(x, cos, sin)
             if s.owns_cache:
                 k, v = layer.self_attn.key_value(x, cos, sin)  # (B, KVH, 1, D)
-                window[2 * s.cache] = write_one_hot(window[2 * s.cache], k, oh)
-                window[2 * s.cache + 1] = write_one_hot(window[2 * s.cache + 1], v, oh)
-            a = layer.self_attn.attend(q, window[2 * s.cache], window[2 * s.cache + 1], masks[s.kind])
+                read[2 * s.cache] = write_one_hot(read[2 * s.cache], k, writes[s.kind])
+                read[2 * s.cache + 1] = write_one_hot(read[2 * s.cache + 1], v, writes[s.kind])
+            a = layer.self_attn.attend(q, read[2 * s.cache], read[2 * s.cache + 1], masks[s.kind])
             h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.shard.ple_dim else None)
-        if T < K:  # the untouched tail goes back as it came: the outputs are whole buffers (aliased on the device)
-            window = [torch.cat((w, t[:, :, T:]), dim=2) for w, t in zip(window, kv)]  # (B, KVH, K, D)
-        return self.logits(h[:, 0]), window
+        # The untouched tail goes back as it came: the outputs are whole buffers (aliased on the device).
+        out = [r if r.shape[2] == t.shape[2] else torch.cat((r, t[:, :, r.shape[2]:]), dim=2)  # (B, KVH, S, D)
+               for r, t in zip(read, kv)]
+        return self.logits(h[:, 0]), out
 
 
-def kv_shapes(m: ModelShard, batch: int, kv_max: int) -> list[tuple[int, int, int, int]]:
-    """Shape of every KV tensor, K then V per cache-owning layer: (B, KVH, K, D)."""
+def ring_size(window: int, kv_max: int, buckets) -> int:
+    """Positions a sliding layer keeps: the window, plus a chunk whose keys land before its queries
+    read (a chunk's last write must not overwrite a key its first token still sees), capped at kv_max."""
+    return min(kv_max, window + max(buckets))
+
+
+def kv_shapes(m: ModelShard, batch: int, kv_max: int, ring: int) -> list[tuple[int, int, int, int]]:
+    """Shape of every KV tensor, K then V per cache-owning layer: (B, KVH, S, D), S = kv_max for a
+    global layer, `ring` for a sliding one."""
     out = []
     for layer_index in m.cache_layers:
         s = m.layers[layer_index]
-        out += [(batch, s.kv_heads, kv_max, s.head_dim)] * 2
+        out += [(batch, s.kv_heads, ring if s.kind == "sliding" else kv_max, s.head_dim)] * 2
     return out
+
+
+def kv_kinds(m: ModelShard) -> tuple[str, ...]:
+    """The attention kind of every KV tensor's owner, in kv_shapes order."""
+    return tuple(m.layers[i].kind for i in m.cache_layers for _ in "kv")
 
 
 def kinds_present(m: ModelShard) -> tuple[str, ...]:

@@ -33,7 +33,7 @@ from .checkpoint import CheckpointReader, cache_root
 from .graphs import DecodeGraph, PrefillGraph
 from .lint import check_traced
 from .manifest import Manifest, Toolchain, Variant
-from .model import Gemma4Decoder, kv_shapes
+from .model import Gemma4Decoder, kv_shapes, ring_size
 from .pipeline import Build, step
 from .sharding import SPLIT, ModelShard, ShardingError, shard_model
 from .tracing import CompileError, example_inputs, geometry, trace_quietly
@@ -211,7 +211,8 @@ class RankGraph:
             decoder.load_weights(reader)  # inlined into this rank's neff: only its slices are read
         else:
             load_buffers(decoder, reader)  # ModelBuilder feeds the parameters from full_checkpoint
-        self.module = DeviceKV(GRAPHS[self.graph](decoder), kv_shapes(shard, v.batch, v.kv_max), dtype).eval()
+        ring = ring_size(shard.sliding_window, v.kv_max, v.buckets)
+        self.module = DeviceKV(GRAPHS[self.graph](decoder), kv_shapes(shard, v.batch, v.kv_max, ring), dtype).eval()
 
     def get(self, bucket_rank: int, **_) -> tuple[DeviceKV, dict]:
         return self.module, self.module.aliases()

@@ -20,7 +20,7 @@ from .checkpoint import CheckpointReader
 from .graphs import DecodeGraph, PrefillGraph, input_names
 from .lint import check_traced
 from .manifest import Variant
-from .model import Gemma4Decoder, kinds_present, kv_shapes
+from .model import Gemma4Decoder, kinds_present, kv_kinds, kv_shapes, ring_size
 from .sharding import ModelShard
 
 
@@ -47,11 +47,13 @@ def rope_inv_freq(config, kind: str, head_dim: int) -> list[float]:
 def geometry(config, shard: ModelShard, variant: Variant) -> Geometry:
     kinds = kinds_present(shard)
     head_dims = {s.kind: s.head_dim for s in shard.layers}
+    ring = ring_size(shard.sliding_window, variant.kv_max, variant.buckets)
     return Geometry(
         hidden=shard.hidden, vocab=shard.vocab, num_layers=shard.num_layers, ple_dim=shard.ple_dim,
         sliding_window=shard.sliding_window, kinds=kinds,
         rope={k: Rope(head_dim=head_dims[k], inv_freq=rope_inv_freq(config, k, head_dims[k])) for k in kinds},
-        kv_heads=tuple((heads, dim) for _, heads, _, dim in kv_shapes(shard, variant.batch, variant.kv_max)),
+        kv_heads=tuple((heads, dim) for _, heads, _, dim in kv_shapes(shard, variant.batch, variant.kv_max, ring)),
+        kv_kinds=kv_kinds(shard), ring=ring,
         embed_scale=math.sqrt(shard.hidden), ple_scale=math.sqrt(shard.ple_dim) if shard.ple_dim else 1.0,
         softcap=config.final_logit_softcapping, dtype=variant.dtype, batch=variant.batch,
         buckets=variant.buckets, decode_buckets=variant.kv_buckets, tp=variant.tp, prefill=variant.prefill,

@@ -37,18 +37,45 @@ def build_cases(meta, long: bool) -> list[Case]:
     if long:
         n = geo.buckets[-1]
         cases.append(Case("random:to-kv_max", tokens(n), geo.kv_max - n + 1))
+    cases += [Case(f"random:{label}", tokens(n), min(SHORT_STEPS, geo.kv_max - n + 1))
+              for label, n in long_prompts(geo, long)]
     return cases
 
 
+def long_prompts(geo, long: bool) -> list[tuple[str, int]]:
+    """Prompts longer than every bucket, prefilled in chunks across the window and the sliding ring."""
+    big, most = geo.buckets[-1], geo.kv_max - 8
+    sizes = [("1.5x-bucket", big * 3 // 2), ("3x-bucket", 3 * big)] + ([("kv_max-8", most)] if long else [])
+    return [(label, n) for label, n in sizes if big < n <= most]
+
+
+def run_continuation(runner, first: list[int], replies: int, follow: list[int], steps: int):
+    """A second turn that reuses the first turn's KV: the first prompt and its greedy reply, then a
+    prompt of both plus `follow`, prefilled only past the positions the slot still holds."""
+    reply, _ = runner.greedy(first, replies)
+    ids = first + reply + follow
+    reused = runner.reusable(0, ids)
+    return Case("turns:reuse-prefix", ids, steps, reused=reused), runner.greedy(ids, steps, reused=reused)
+
+
 def run_slots_together(runner, cases: list[Case]) -> list[tuple[list[int], list[torch.Tensor]]]:
-    """Prefill prompts into different slots at staggered times and decode them in one batch."""
+    """Prompts admitted into different slots one step apart, prefilled one chunk per step (round-robin
+    over the slots still prefilling) while the slots already decoding decode together: long prompts
+    are at different chunk stages at once, as the server runs them."""
     out = [([], []) for _ in cases]
+    waiting = list(range(len(cases)))  # slots not yet admitted, then prefilling
     live: dict[int, torch.Tensor] = {}
-    pending = list(enumerate(cases))
-    while pending or live:
-        if pending:
-            slot, case = pending.pop(0)
-            live[slot] = runner.prefill(slot, case.ids)
+    step = 0
+    while waiting or live:
+        if step < len(cases):
+            runner.start(step, cases[step].ids)
+        prefilling = [slot for slot in waiting if slot <= step]
+        if prefilling:
+            slot = prefilling[step % len(prefilling)]
+            logits = runner.prefill_step(slot)
+            if logits is not None:
+                waiting.remove(slot)
+                live[slot] = logits
         for slot, logits in list(live.items()):
             toks, seen = out[slot]
             toks.append(argmax(logits))
@@ -58,6 +85,7 @@ def run_slots_together(runner, cases: list[Case]) -> list[tuple[list[int], list[
                 runner.free(slot)
         if live:
             live.update(runner.decode({slot: out[slot][0][-1] for slot in live}))
+        step += 1
     return out
 
 
@@ -76,10 +104,23 @@ def verify_artifact(folder: Path, long: bool = True, console: Console | None = N
     results = []
     for case in cases:
         results.append(model.runner.greedy(case.ids, case.steps))
+    rng = random.Random(f"{meta.name}/{meta.variant}/turns")
+    replies, follow = 4, [rng.randrange(8, geo.vocab) for _ in range(geo.buckets[0] // 2 + 1)]
+    first_len = min(geo.buckets[-1] * 3 // 2, geo.kv_max - replies - len(follow) - SHORT_STEPS)
+    case, result = run_continuation(model.runner, [rng.randrange(8, geo.vocab) for _ in range(first_len)],
+                                    replies, follow, SHORT_STEPS)
+    cases.append(case)
+    results.append(result)
     if geo.batch > 1:
         together = [Case(f"slots:{c.name}", c.ids, c.steps) for c in cases[: geo.batch]]
-        cases += together
-        results += run_slots_together(model.runner, together)
+        # A short prompt decoding while the longest prompts arrive a step apart, each one chunk per step.
+        long = sorted((c for c in cases if c.name.startswith("random:") and len(c.ids) > geo.buckets[-1]
+                       and c.steps <= SHORT_STEPS), key=lambda c: -len(c.ids))
+        short = [c for c in cases if c.name == "random:short"]
+        stages = [Case(f"stages:{c.name}", c.ids, c.steps) for c in (short + long)[: geo.batch]]
+        for group in (together, stages):
+            cases += group
+            results += run_slots_together(model.runner, group)
     rows = []
     for case, (dev_tokens, dev_logits) in zip(cases, results):
         ref_tokens, ref_logits = reference_greedy(reference, case.ids, case.steps)
@@ -88,7 +129,8 @@ def verify_artifact(folder: Path, long: bool = True, console: Console | None = N
     for col in ("prompt", "prompt len", "tokens compared", "SEQ_MATCH", "first divergence", "max |logit diff|", "note"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r.case.name, str(len(r.case.ids)), f"{r.compared}/{r.case.steps}",
+        length = f"{len(r.case.ids)} ({r.case.reused} reused)" if r.case.reused else str(len(r.case.ids))
+        table.add_row(r.case.name, length, f"{r.compared}/{r.case.steps}",
                       {"MATCH": "True", "NEAR-TIE": "near-tie"}.get(r.verdict, "False"),
                       "-" if r.first_divergence is None else str(r.first_divergence), f"{r.max_diff:.3g}", r.note)
     console.print(table)

@@ -1,9 +1,12 @@
 """The engine: one thread that owns the model and the device.
 
 It loads the artifact, proves the output correct (the self-test), then serves: requests wait in
-a bounded queue; every free KV slot takes the next request (prefill) between decode steps while
-the other slots keep decoding, and a finished or abandoned request frees its slot at once.
-HTTP threads only submit jobs and read their events."""
+a bounded queue; every free KV slot takes the next request, preferring the slot whose retained KV
+shares the longest prefix with its prompt. Each step runs at most `prefill_chunks_per_step` prompt
+chunks (0: whole prompts), then one decode step for every decoding slot, so a long prompt delays
+the running streams by a chunk at a time. A finished or abandoned request frees its slot at once
+and leaves its KV there for a later prompt that shares it. HTTP threads only submit jobs and read
+their events."""
 
 from __future__ import annotations
 
@@ -23,6 +26,8 @@ from contract.errors import Gemma4Error
 from .detok import TextStream
 from .metrics import Metrics
 from .model.loader import LoadedModel, load_artifact
+from .model.prefix import choose_slot
+from .model.slots import SlotState
 from .sampling import SamplingParams, sample
 from .settings import Settings, check_backend
 
@@ -57,15 +62,16 @@ class SelfTestFailed(Gemma4Error, RuntimeError):
 
 
 class DoesNotFit(Gemma4Error, ValueError):
-    """A prompt or max_tokens that the artifact's buckets or kv_max cannot hold; never truncated."""
+    """A prompt or max_tokens that the artifact's kv_max cannot hold; never truncated."""
 
 
 def token_budget(geo: Geometry, prompt_len: int, max_tokens: int | None, default: int | None = None) -> int:
     """The number of new tokens a request may generate: `max_tokens` if it fits, else an error
     naming the numbers; without `max_tokens`, `default` capped to the room left (or all of it)."""
-    if prompt_len > geo.buckets[-1]:
-        raise DoesNotFit(f"the prompt has {prompt_len} tokens, more than the largest prefill bucket of this "
-                         f"model ({geo.buckets[-1]} tokens); prompts are never truncated")
+    if prompt_len > geo.kv_max - 1:
+        raise DoesNotFit(f"the prompt has {prompt_len} tokens; the context of this model is {geo.kv_max} tokens, "
+                         f"so a prompt may have at most {geo.kv_max - 1} (one position for the first new token); "
+                         "prompts are never truncated")
     room = geo.kv_max - prompt_len
     if max_tokens is None:
         if room < 1:
@@ -311,8 +317,10 @@ class Engine:
 
     # -- scheduling (engine thread only) ---------------------------------------------------------
     def _admit(self) -> None:
-        """Prefill waiting jobs into free slots; block briefly for work only when nothing runs."""
-        while (free := [s for s in self.model.runner.slots if s.free]):
+        """Give waiting jobs to free slots (their prompts prefill in the steps that follow); block
+        briefly for work only when nothing runs."""
+        runner = self.model.runner
+        while free := sorted((s for s in runner.slots if s.free), key=lambda s: s.released):
             try:
                 job = self._queue.get_nowait() if self._busy() else self._queue.get(timeout=IDLE_POLL_S)
             except queue.Empty:
@@ -320,22 +328,34 @@ class Engine:
             if job.cancelled:
                 job.put(Finished("cancelled", len(job.prompt), 0))
                 continue
-            slot = free[0]
+            reuse = self.settings.prefix_reuse
+            slot, reused = choose_slot(self.geometry, {s.index: s.tokens if reuse else None for s in free}, job.prompt)
+            self.metrics.prefix_admitted(reused)
             generator = torch.Generator()
             if job.seed is None:
                 generator.seed()
             else:
                 generator.manual_seed(job.seed)
             text = TextStream(self.tokenizer, job.stop, job.skip_special_tokens)
-            slot.request = _Live(job, text, generator, job.accepted)
-            self._accept(slot.index, self._device(self.model.runner.prefill, slot.index, job.prompt))
+            runner.slots[slot].request = _Live(job, text, generator, job.accepted)
+            runner.start(slot, job.prompt, reused)
 
     def _step(self) -> None:
         for slot in [s for s, live in self._busy().items() if live.job.cancelled]:
             self._finish(slot, "cancelled")
-        if busy := self._busy():
-            logits = self._device(self.model.runner.decode, {slot: live.last for slot, live in busy.items()})
-            for slot, row in logits.items():
+        runner = self.model.runner
+        # Oldest request first: it has waited longest for its first token.
+        waiting = sorted((s for s in runner.slots if s.state is SlotState.PREFILLING), key=lambda s: s.request.job.accepted)
+        budget = self.settings.prefill_chunks_per_step or float("inf")
+        for s in waiting:
+            while budget and s.state is SlotState.PREFILLING:
+                budget -= 1
+                logits = self._device(runner.prefill_step, s.index)
+                if logits is not None:
+                    self._accept(s.index, logits)
+        decoding = {s.index: s.request.last for s in runner.slots if s.state is SlotState.DECODING}
+        if decoding:
+            for slot, row in self._device(runner.decode, decoding).items():
                 self._accept(slot, row)
 
     def _device(self, call, *args):

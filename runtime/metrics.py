@@ -25,11 +25,27 @@ class Metrics:
         self.token_latency = Histogram("gemma4_token_latency_seconds", "time between consecutive tokens of a request",
                                        buckets=TOKEN_BUCKETS, registry=r)
         self.tokens = Counter("gemma4_tokens_generated", "tokens generated", registry=r)
+        self.prefix_requests = Counter("gemma4_prefix_requests", "requests given a slot, by whether they kept a "
+                                       "retained prefix's KV (hit) or prefilled the whole prompt (miss)",
+                                       ["result"], registry=r)
+        self.prefix_reused = Counter("gemma4_prefix_tokens_reused", "prompt tokens whose KV a request kept from a "
+                                     "retained slot instead of prefilling them", registry=r)
+        self.prefix_hit_rate = Gauge("gemma4_prefix_hit_rate", "share of requests that kept a retained prefix",
+                                     registry=r)
+        self._prefix = {"hit": 0, "miss": 0}
 
     def watch(self, queue_depth: Callable[[], float], busy_slots: Callable[[], float]) -> None:
         """Read the live values at scrape time instead of tracking every change."""
         self.queue_depth.set_function(queue_depth)
         self.busy_slots.set_function(busy_slots)
+
+    def prefix_admitted(self, reused: int) -> None:
+        """A request got its slot, keeping `reused` positions of a retained prefix (0: none)."""
+        result = "hit" if reused else "miss"
+        self._prefix[result] += 1
+        self.prefix_requests.labels(result).inc()
+        self.prefix_reused.inc(reused)
+        self.prefix_hit_rate.set(self._prefix["hit"] / (self._prefix["hit"] + self._prefix["miss"]))
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -23,6 +23,8 @@ ENV = {
     "model_name": "GEMMA4_MODEL_NAME",
     "host": "GEMMA4_HOST",
     "port": "GEMMA4_PORT",
+    "prefix_reuse": "GEMMA4_PREFIX_REUSE",
+    "prefill_chunks_per_step": "GEMMA4_PREFILL_CHUNKS_PER_STEP",
 }
 
 
@@ -39,6 +41,8 @@ class Settings(BaseModel):
     queue_max: int = Field(default=16, ge=1, le=4096)  # requests waiting for a free slot
     max_body_bytes: int = Field(default=1 << 20, ge=1024)
     model_name: str | None = None  # default: the artifact's manifest name
+    prefix_reuse: bool = True  # a request keeps the KV of a retained slot that shares its prefix
+    prefill_chunks_per_step: int = Field(default=1, ge=0)  # prompt chunks between decode steps; 0 = whole prompts
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=1, le=65535)
 

@@ -111,7 +111,7 @@ def test_stop_strings_over_the_api(client):
         assert out["finish_reason"] == "stop" and out["message"]["content"] == text[: text.find(stop)]
 
 
-TOO_LONG = "hello world " * 40  # > 32 tokens, the largest bucket of tiny-e2b
+TOO_LONG = "hello world " * 40  # > 64 tokens, the context of tiny-e2b
 
 
 @pytest.mark.parametrize("path,body,status,param,code", [
@@ -175,7 +175,7 @@ def test_the_character_bound_never_refuses_a_prompt_that_fits(client, engine):
 
 def test_too_long_prompt_and_max_tokens_errors_name_the_numbers(client):
     err = assert_error(client.post(COMPLETIONS, json={"model": MODEL, "prompt": TOO_LONG}), 400)
-    assert "largest prefill bucket" in err["message"] and "(32 tokens)" in err["message"]
+    assert "context of this model is 64 tokens" in err["message"] and "at most 63" in err["message"]
     err = assert_error(client.post(COMPLETIONS, json={"model": MODEL, "prompt": "hi", "max_tokens": 70}), 400)
     assert "max_tokens (70)" in err["message"] and "64 tokens" in err["message"]
 

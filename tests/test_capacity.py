@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from gemma4_port.capacity import (
-    GIB, INSTANCES, PROCESS_BYTES, ModelSizes, compile_swap_gib, fixes, footprint, host_verdict,
+    GIB, INSTANCES, PROCESS_BYTES, ModelSizes, compile_swap_gib, fixes, footprint, host_verdict, kv_max_limit,
 )
 from gemma4_port.configs import text_config_for
 from gemma4_port.manifest import load_manifest
@@ -51,7 +51,10 @@ def test_device_weights_are_counted_from_the_module(real, name):
 def test_e2b_fits_one_core_with_both_graphs_in_bf16_not_in_fp32(real):
     fp, sizes = plan(real, "e2b", "512-128")
     assert fp.layout.weight_copies == 3  # torch_neuronx.trace: each neff (2 prefill buckets, decode) inlines its copy
-    assert fp.per_core == 3 * 2 * DEVICE["e2b"][0] + 37_748_736 and fp.fits_core
+    # KV in bf16: 12 sliding caches (1 head of 256) in a ring of 512 + 512, 3 global (1 head of 512) over 2048
+    kv = 2 * 2 * (12 * 256 * 1024 + 3 * 512 * 2048)
+    assert fp.rank_kv == kv == 25_165_824
+    assert fp.per_core == 3 * 2 * DEVICE["e2b"][0] + kv and fp.fits_core
     two_graphs, _ = plan(real, "e2b", "512-128", buckets=(512,))  # the seed's build: one prefill + decode
     assert two_graphs.fits_core
     for buckets in ((128, 512), (512,)):
@@ -74,10 +77,12 @@ def test_e4b_does_not_fit_one_core_but_fits_at_tp2(real):
     tp1, sizes = plan(real, "e4b", "tp1-2048")
     assert not tp1.fits_core
     assert not plan(real, "e4b", "tp1-2048", buckets=(512,))[0].fits_core  # even the seed's two graphs in bf16
-    assert fixes(sizes, tp1)[0] == "tp: 2 -> 5.08 GiB per core"
+    assert fixes(sizes, tp1)[0] == "tp: 2 -> 5.06 GiB per core"
     tp2, _ = plan(real, "e4b", "tp2-2048")
     assert tp2.layout.weight_copies == 1  # ModelBuilder's buckets share the weights
-    assert tp2.per_core == 2 * DEVICE["e4b"][1] + 58_720_256 and tp2.fits_core
+    # KV per rank in bf16: 20 sliding caches (1 of 2 heads, 256) in a ring of 1024, 4 global (1 of 2, 512) over 2048
+    kv = 2 * 2 * (20 * 256 * 1024 + 4 * 512 * 2048)
+    assert tp2.per_core == 2 * DEVICE["e4b"][1] + kv and tp2.fits_core
 
 
 def test_12b_fits_only_at_tp2_in_bf16(real):
@@ -93,12 +98,23 @@ def test_12b_fits_only_at_tp2_in_bf16(real):
 
 
 def test_a_kv_max_that_overflows_gets_the_largest_that_fits(real):
-    fp, sizes = plan(real, "e2b", "512-128", kv_max=262_144)
+    fp, sizes = plan(real, "e2b", "512-128", kv_max=1_048_576)  # only the 3 global caches grow: 6 KiB a position
     assert not fp.fits_core
     (kv_fix,) = [f for f in fixes(sizes, fp) if f.startswith("kv_max")]
     kv_max = int(kv_fix.split()[1])
     assert plan(real, "e2b", "512-128", kv_max=kv_max)[0].fits_core
     assert not plan(real, "e2b", "512-128", kv_max=kv_max + 128)[0].fits_core
+
+
+def test_the_largest_kv_max_is_bounded_by_the_softmax_row_or_the_core(real):
+    fp, sizes = plan(real, "e2b", "512-128")
+    assert kv_max_limit(sizes, fp) == "49152 SBUF"  # a float32 row of 49,152 keys fills a 196,608-byte partition
+    crowded, sizes = plan(real, "e2b", "512-128", batch=64)  # 64 slots x 6 KiB per global position
+    limit = int(kv_max_limit(sizes, crowded).removesuffix(" HBM"))
+    assert plan(real, "e2b", "512-128", batch=64, kv_max=limit)[0].fits_core
+    assert not plan(real, "e2b", "512-128", batch=64, kv_max=limit + 128)[0].fits_core
+    tp1, sizes = plan(real, "e4b", "tp1-2048")
+    assert kv_max_limit(sizes, tp1) == "-"  # the weights alone overflow: no kv_max helps
 
 
 def test_host_ram_verdicts(real):
@@ -129,7 +145,7 @@ def test_plan_prints_the_tables_verdicts_and_fixes():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "gemma-4-e4b: per NeuronCore" in out and "gemma-4-e4b: host RAM" in out
-    assert "tp1-2048 does not fit a NeuronCore; fixes: tp: 2 -> 5.08 GiB per core" in " ".join(out.split())
+    assert "tp1-2048 does not fit a NeuronCore; fixes: tp: 2 -> 5.06 GiB per core" in " ".join(out.split())
     core = {line.split("│")[1].strip(): line.split("│")[-2].strip() for line in out.splitlines()
             if line.startswith("│") and "%)" in line}  # the per-core table: its last column is "fits"
     assert core == {"tp2-2048": "yes", "tp2-host": "yes", "tp1-2048": "NO"}

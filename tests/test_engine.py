@@ -161,8 +161,10 @@ def test_token_budget_never_truncates(b4):
     assert token_budget(geo, 10, None) == 54
     assert token_budget(geo, 10, None, default=16) == 16
     assert token_budget(geo, 32, None, default=100) == 32
-    with pytest.raises(DoesNotFit, match=r"33 tokens.*largest prefill bucket.*\(32 tokens\)"):
-        token_budget(geo, 33, 1)
+    assert token_budget(geo, 63, None) == 1  # longer than every bucket: prefilled in chunks
+    with pytest.raises(DoesNotFit, match=r"64 tokens; the context of this model is 64 tokens, so a prompt may have "
+                                         r"at most 63"):
+        token_budget(geo, 64, 1)
     with pytest.raises(DoesNotFit, match=r"prompt \(10 tokens\) \+ max_tokens \(55\) = 65 exceeds the context of 64"):
         token_budget(geo, 10, 55)
 

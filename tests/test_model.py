@@ -55,7 +55,8 @@ def test_kv_buffers_only_for_layers_that_own_a_cache():
     first_shared = config.num_hidden_layers - config.num_kv_shared_layers
     assert shard.cache_layers == tuple(range(first_shared))
     assert len(geo.kv_shapes) == 2 * first_shared
-    assert all(shape[2] == geo.kv_max for shape in geo.kv_shapes)
+    kinds = [shard.layers[i].kind for i in shard.cache_layers for _ in "kv"]
+    assert [shape[2] for shape in geo.kv_shapes] == [geo.span(kind) for kind in kinds]
     # every kv-shared layer reads the last non-shared layer of its own attention type
     for s in shard.layers[first_shared:]:
         owner = shard.layers[shard.cache_layers[s.cache]]
@@ -110,10 +111,12 @@ def test_graph_signatures_match_the_host_inputs():
     assert named["hidden"].shape == (4, 1, geo.hidden)
     assert named["ple"].shape == (4, 1, geo.num_layers, geo.ple_dim)
     assert named["rope"].shape == (4, 1, sum(2 * r.head_dim for r in geo.rope.values()))
-    assert named["rows"].shape == (4, len(geo.kinds) + 1, 32)  # a mask row per kind, then the write
+    assert named["rows_full"].shape == (4, 2, 32)  # a mask row, then the write, over the first 32 keys
+    assert named["rows_sliding"].shape == (4, 2, 32)  # the ring (40) read up to the bucket too
     assert named["kv0_k"].shape == geo.kv_shapes[0]  # the graph still takes (and returns) whole buffers
     named = dict(zip(geo.inputs["prefill"], pre))
-    assert named["slot"].shape == (4,) and named["masks"].shape == (1, len(geo.kinds), 16, 16)
+    assert named["slot"].shape == (4,) and named["rows_full"].shape == (16, 2, geo.kv_max)
+    assert named["rows_sliding"].shape == (16, 2, geo.ring)
 
 
 def test_a_tp_rank_traces_from_the_rows_its_example_inputs_look_up():
@@ -146,28 +149,30 @@ def test_a_decode_bucket_computes_what_the_whole_cache_does():
 
 
 def test_decode_inputs_are_the_rows_of_their_definition():
-    """The precomputed tables give, per slot, exactly the causal/windowed mask, the one-hot write and
-    the rotary rows of its position; an idle slot writes nothing and sees no key."""
+    """The precomputed tables give, per slot, exactly the causal/windowed mask over its kind's cache
+    (a sliding ring key j holds position q - ((q - j) mod ring)), the one-hot write and the rotary
+    rows of its position; an idle slot writes nothing and sees no key."""
     *_, geo, _, host = _setup("tiny-e2b", "b4")
     K, W = geo.kv_max, geo.sliding_window
     positions = [0, W, K - 1, 5]
     named = dict(zip(geo.inputs["decode"], host.decode([7, 8, 9, None], positions)))
-    keys, rows, rope = torch.arange(K), named["rows"], named["rope"]
+    rope = named["rope"]
     for slot, p in enumerate(positions[:3]):
-        assert torch.equal(rows[slot, -1], (keys == p).to(host.dtype))
         start = 0
-        for i, kind in enumerate(geo.kinds):
-            visible = (keys <= p) & ((keys > p - W) if kind == "sliding" else True)
-            assert torch.equal(rows[slot, i] == 0, visible), (kind, p)
+        for kind in geo.kinds:
+            S, rows = geo.span(kind), named[f"rows_{kind}"]
+            keys = torch.arange(S)
+            held = p - (p - keys) % S
+            visible = (held >= 0) & ((held > p - W) if kind == "sliding" else True)
+            assert torch.equal(rows[slot, 0] == 0, visible), (kind, p)
+            assert torch.equal(rows[slot, 1], (keys == p % S).to(host.dtype))
             inv = torch.tensor(geo.rope[kind].inv_freq)
             angles = torch.cat((p * inv, p * inv))
             d = geo.rope[kind].head_dim
             assert torch.equal(rope[slot, 0, start:start + d], angles.cos().to(host.dtype))
             assert torch.equal(rope[slot, 0, start + d:start + 2 * d], angles.sin().to(host.dtype))
             start += 2 * d
-    assert not rows[3, -1].any() and not (rows[3, :-1] == 0).any()
+    for kind in geo.kinds:
+        rows = named[f"rows_{kind}"]
+        assert not rows[3, 1].any() and not (rows[3, 0] == 0).any()
     assert all(t.is_contiguous() for t in named.values())
-    pre = dict(zip(geo.inputs["prefill"], host.prefill([1, 2, 3], 16, 2)))
-    q, k = torch.arange(16)[:, None], torch.arange(16)
-    assert torch.equal(pre["masks"][0, geo.kinds.index("sliding")] == 0, (k <= q) & (k > q - W))
-    assert torch.equal(pre["masks"][0, geo.kinds.index("full")] == 0, k <= q)

@@ -72,7 +72,7 @@ def test_alias_map_points_each_kv_parameter_at_the_output_that_updates_it(name):
         new = out[aliases[p]]
         assert torch.equal(new, expected[i])
         # the update of *this* buffer: equal to it everywhere but the written position
-        kept = [k for k in range(geo.kv_max) if k != pos]
+        kept = [k for k in range(new.shape[2]) if k != pos]
         assert torch.equal(new[:, :, kept], old[i][:, :, kept])
         assert not torch.equal(new[:, :, pos], old[i][:, :, pos])
 
@@ -121,7 +121,7 @@ def test_nxd_layers_of_each_rank_match_the_sharding_plan(name):
 
 
 @pytest.mark.parametrize("name,variant", [("tiny-e2b", "fp32"), ("tiny-e2b", "b4"), ("tiny-e4b", "tp2-bf16"),
-                                          ("tiny-12b", "tp2")])
+                                          ("tiny-12b", "tp2"), ("tiny-12b", "chunks-tp2")])
 def test_example_inputs_match_the_graph_signatures(name, variant):
     folder, config, reader, v, geo, host = _tiny(name, variant)
     layout = neuron_layout(v.tp, v.prefill, v.buckets, v.kv_buckets)
@@ -146,7 +146,7 @@ def test_modelbuilder_checkpoint_keys_are_the_modules_weights():
     full = full_checkpoint(folder, config, torch.float32)
     shard = shard_model(config, 2, 1)
     with torch.device("meta"):
-        module = DeviceKV(PrefillGraph(Gemma4Decoder(shard)), kv_shapes(shard, v.batch, v.kv_max), torch.float32)
+        module = DeviceKV(PrefillGraph(Gemma4Decoder(shard)), kv_shapes(shard, v.batch, v.kv_max, geo.ring), torch.float32)
     names = set(module.state_dict())
     assert set(full) == {n for n in names if not n.startswith("kv.")}  # every weight, no KV state
     assert all(n.startswith(DECODER) for n in full)
@@ -170,10 +170,10 @@ def test_host_prefill_kv_splits_into_each_ranks_buffers_and_back(name):
     config = text_config_for(load_manifest(ROOT / f"manifests/{name}.yaml"))
     shards = [shard_model(config, 2, r) for r in range(2)]
     ranges = kv_head_ranges(shards)
-    full = [torch.randn(s) for s in kv_shapes(shard_model(config), 3, 20)]
+    full = [torch.randn(s) for s in kv_shapes(shard_model(config), 3, 20, 12)]
     ranks = split_kv(full, ranges)
     for r, shard in enumerate(shards):
-        assert [tuple(t.shape) for t in ranks[r]] == kv_shapes(shard, 3, 20)
+        assert [tuple(t.shape) for t in ranks[r]] == kv_shapes(shard, 3, 20, 12)
     for t, per_rank, whole in zip(ranks[1], ranges, full):
         start, count = per_rank[1]
         assert torch.equal(t, whole[:, start:start + count])

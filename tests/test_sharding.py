@@ -169,8 +169,9 @@ def test_each_ranks_module_shapes_are_what_the_plan_says(config, tp):
         for e in decoder.weight_map():
             if e.dim is not None:
                 assert tensors[e.name].shape[e.dim] == e.stop - e.start, e.name
-        assert kv_shapes(m, 2, 128) == [(2, m.layers[i].kv_heads, 128, m.layers[i].head_dim)
-                                        for i in m.cache_layers for _ in (0, 1)]
+        assert kv_shapes(m, 2, 128, 40) == [
+            (2, m.layers[i].kv_heads, 40 if m.layers[i].kind == "sliding" else 128, m.layers[i].head_dim)
+            for i in m.cache_layers for _ in (0, 1)]
 
 
 def test_tp2_halves_the_split_tensors_of_the_real_models(config):

@@ -57,6 +57,8 @@ def test_tp2_compiles_and_verifies_token_for_token(compiled, name, variant):
     ok = ("│ True ",) if meta.geometry.dtype == "float32" else ("│ True ", "│ near-tie ")
     assert len(rows) >= 8 and all(any(v in row for v in ok) for row in rows), result.stdout
     assert "random:to-kv_max" in result.stdout and "0 failed" in result.stdout
+    assert "random:1.5x-bucket" in result.stdout and "random:kv_max-8" in result.stdout
+    assert "turns:reuse-prefix" in result.stdout
     assert result.stdout.count("slots:") == (meta.geometry.batch if meta.geometry.batch > 1 else 0)
 
 
@@ -91,9 +93,9 @@ def test_each_rank_holds_half_of_the_sharded_weights_and_its_own_kv(compiled, na
 
     # KV buffers: each rank's own shape, halved where K/V are split and whole where replicated
     geo = meta.geometry
-    tp1 = kv_shapes(shard_model(config), geo.batch, geo.kv_max)
+    tp1 = kv_shapes(shard_model(config), geo.batch, geo.kv_max, geo.ring)
     for r in (0, 1):
-        assert list(geo.kv_shapes) == kv_shapes(shard_model(config, 2, r), geo.batch, geo.kv_max)
+        assert list(geo.kv_shapes) == kv_shapes(shard_model(config, 2, r), geo.batch, geo.kv_max, geo.ring)
     for c, layer in enumerate(plan.cache_layers):
         want = tp1[2 * c][1] // (2 if KV_RULE[name][plan.layers[layer].kind] == SPLIT else 1)
         assert geo.kv_shapes[2 * c][1] == geo.kv_shapes[2 * c + 1][1] == want

@@ -39,7 +39,8 @@ def test_compile_then_verify_matches_the_float_reference(compiled, name, variant
     result = verify(compiled(name, variant))
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
-    for case in ("golden:chat", "random:bucket-16", "random:bucket-32", "random:cross-window", "random:to-kv_max"):
+    for case in ("golden:chat", "random:bucket-16", "random:bucket-32", "random:cross-window", "random:to-kv_max",
+                 "random:1.5x-bucket", "random:kv_max-8", "turns:reuse-prefix"):
         assert any(case in row for row in rows), case
     assert "0 failed" in result.stdout
     if variant == "fp32":
@@ -50,6 +51,24 @@ def test_batch_slots_decode_together_and_match(compiled):
     result = verify(compiled("tiny-e2b", "b4"), "--quick")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("slots:") == 4
+
+
+@pytest.mark.parametrize("name, variant", [("tiny-e2b", "chunks"), ("tiny-12b", "chunks-tp2")])
+def test_long_prompts_reuse_and_chunk_stages_match(compiled, name, variant):
+    """Buckets of 8 and 16 in a context of 128 (tp 1) or 64 (tp 2): prompts of 1.5x, 3x and kv_max - 8
+    tokens (through the window and the sliding ring), a second turn that prefills only past the first
+    turn's KV, and two slots prefilling a chunk per step beside a decoding one."""
+    folder = compiled(name, variant)
+    kv_max = load_meta(folder).geometry.kv_max
+    result = verify(folder)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("│")}
+    for case, length in (("random:1.5x-bucket", 24), ("random:3x-bucket", 48), ("random:kv_max-8", kv_max - 8),
+                         ("stages:random:kv_max-8", kv_max - 8), ("stages:random:short", 3)):
+        assert rows[case].split("│")[2].strip() == str(length) and "│ True " in rows[case], case
+    turn = rows["turns:reuse-prefix"].split("│")[2].strip()  # "37 (31 reused)": the first turn and its reply
+    assert turn.endswith("reused)") and int(turn.split("(")[1].split()[0]) > 16, turn
+    assert "│ True " in rows["turns:reuse-prefix"] and "0 failed" in result.stdout
 
 
 def test_any_random_config_works(tmp_path):

@@ -1,5 +1,6 @@
-"""The model as the engine sees it: prefill a prompt into a slot, decode one token for every busy
-slot. It owns the slots and their state; the backend owns the graphs and the KV buffers."""
+"""The model as the engine sees it: prefill a prompt into a slot chunk by chunk (any length up to
+kv_max - 1, from any position the slot already holds), decode one token for every busy slot. It owns
+the slots and their state; the backend owns the graphs and the KV buffers."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from contract.errors import Gemma4Error
 from contract.greedy import argmax
 from contract.hostside import HostInputs
 
+from .prefix import reusable_prefix
 from .slots import Slot, SlotState
 
 
@@ -32,6 +34,17 @@ class ContextFull(Gemma4Error, RuntimeError):
     pass
 
 
+def chunks(start: int, end: int, buckets: tuple[int, ...]) -> list[tuple[int, int, int]]:
+    """Positions start .. end-1 of a prompt as prefill chunks (start, length, bucket): chunks of the
+    largest bucket, then the rest in the smallest bucket that holds it."""
+    out, big = [], buckets[-1]
+    while start < end:
+        n = min(big, end - start)
+        out.append((start, n, next(b for b in buckets if n <= b)))
+        start += n
+    return out
+
+
 class ModelRunner:
     def __init__(self, geo: Geometry, host: HostInputs, backend: Backend):
         self.geo = geo
@@ -41,26 +54,53 @@ class ModelRunner:
 
     @property
     def max_prompt(self) -> int:
-        return self.geo.buckets[-1]
-
-    def bucket_for(self, n: int) -> int:
-        for b in self.geo.buckets:
-            if n <= b:
-                return b
-        raise PromptTooLong(f"prompt has {n} tokens; the largest prefill bucket is {self.max_prompt}")
+        """The longest prompt: one position must stay free for the first generated token's KV."""
+        return self.geo.kv_max - 1
 
     def keys_for(self, position: int) -> int:
         """The smallest decode bucket whose keys include `position` (below kv_max: checked by the caller)."""
         return next(t for t in self.geo.decode_buckets if position < t)
 
-    def prefill(self, slot: int, ids: list[int]) -> torch.Tensor:
-        """Raw logits (V,) at the graph dtype after the prompt; the slot's old KV is wholly replaced."""
-        bucket = self.bucket_for(len(ids))
+    def start(self, slot: int, ids: list[int], reused: int = 0) -> None:
+        """Make a free slot prefill `ids`, keeping the KV of its first `reused` positions (a prefix the
+        slot holds and may keep, by the reuse rule)."""
         s = self.slots[slot]
-        s.state = SlotState.PREFILLING
-        logits = self.backend.prefill(bucket, self.host.prefill(ids, bucket, slot))
-        s.state, s.position = SlotState.DECODING, len(ids)
+        if not s.free:
+            raise RuntimeError(f"slot {slot} is {s.state.value}, not free")
+        if not 0 < len(ids) <= self.max_prompt:
+            raise PromptTooLong(f"prompt has {len(ids)} tokens; this model holds at most {self.max_prompt} "
+                                f"(kv_max {self.geo.kv_max} less one position to generate into)")
+        if reused and reusable_prefix(self.geo, s.tokens, ids) < reused:
+            raise ValueError(f"slot {slot} cannot keep {reused} positions for this prompt: it holds "
+                             f"{reusable_prefix(self.geo, s.tokens, ids)} of them")
+        s.start(ids, reused, chunks(reused, len(ids), self.geo.buckets))
+
+    def prefill_step(self, slot: int) -> torch.Tensor | None:
+        """The next chunk of a prefilling slot: None, or after the prompt's last chunk its raw logits
+        (V,) at the graph dtype, and the slot is decoding."""
+        s = self.slots[slot]
+        if s.state is not SlotState.PREFILLING:
+            raise RuntimeError(f"slot {slot} is {s.state.value}, not prefilling")
+        first, n, bucket = s.plan[s.chunk]
+        ids = s.prompt[first:first + n]
+        logits = self.backend.prefill(bucket, self.host.prefill(ids, bucket, slot, start=first))
+        s.wrote(ids)
+        s.chunk += 1
+        if s.chunk < len(s.plan):
+            return None
+        s.state = SlotState.DECODING
         return logits[0]
+
+    def prefill(self, slot: int, ids: list[int], reused: int = 0) -> torch.Tensor:
+        """A whole prompt, chunk after chunk; raw logits (V,) after its last token."""
+        self.start(slot, ids, reused)
+        while (logits := self.prefill_step(slot)) is None:
+            pass
+        return logits
+
+    def reusable(self, slot: int, ids: list[int]) -> int:
+        """Leading positions of `ids` whose KV the slot holds and may keep (the reuse rule)."""
+        return reusable_prefix(self.geo, self.slots[slot].tokens, ids)
 
     def decode(self, tokens: dict[int, int]) -> dict[int, torch.Tensor]:
         """Feed `tokens[slot]` at each busy slot's position; raw logits (V,) per slot, at the graph dtype
@@ -76,16 +116,17 @@ class ModelRunner:
         positions = [s.position for s in self.slots]
         keys = self.keys_for(max(self.slots[slot].position for slot in tokens))
         logits = self.backend.decode(keys, self.host.decode(row, positions, keys=keys))
-        for slot in tokens:
-            self.slots[slot].position += 1
+        for slot, tok in tokens.items():
+            self.slots[slot].wrote([tok])
         return {slot: logits[slot] for slot in tokens}
 
     def free(self, slot: int) -> None:
         self.slots[slot].release()
 
-    def greedy(self, ids: list[int], steps: int, slot: int = 0) -> tuple[list[int], list[torch.Tensor]]:
-        """Greedy continuation of one prompt: tokens and the raw logits (float32) that chose each."""
-        logits = self.prefill(slot, ids)
+    def greedy(self, ids: list[int], steps: int, slot: int = 0, reused: int = 0) -> tuple[list[int], list[torch.Tensor]]:
+        """Greedy continuation of one prompt (keeping the KV of its first `reused` positions, which
+        the slot holds): tokens and the raw logits (float32) that chose each. The slot retains its KV."""
+        logits = self.prefill(slot, ids, reused)
         tokens, seen = [], []
         for i in range(steps):
             seen.append(logits.float())

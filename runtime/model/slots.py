@@ -1,32 +1,55 @@
 """A batch slot of the compiled graphs and its state, kept in one place (the runner's `slots`).
 
-A slot is free, prefilling (a prompt is being written into its KV rows) or decoding (its KV holds
-`position` tokens and the next one goes there). The engine hangs the request it serves on `request`.
-New states (a retained prefix, a prompt prefilled in chunks) are new members of SlotState."""
+    free --start--> prefilling (chunk k of its prompt next) --last chunk--> decoding --release--> retained
+    retained --start (reusing a prefix of `tokens`, or none)--> prefilling
+
+A retained slot takes a new request like a free one, but still holds the KV of `tokens`: a prompt
+that shares a long enough prefix with them prefills only past it (runtime/model/prefix.py). Its
+masks never reach past the new prompt's positions, so the rest of the old KV is never read. The
+engine hangs the request it serves on `request`."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 
 class SlotState(Enum):
-    FREE = "free"
-    PREFILLING = "prefilling"
-    DECODING = "decoding"
+    FREE = "free"  # holds nothing worth keeping
+    PREFILLING = "prefilling"  # chunk `chunk` of `plan` is next
+    DECODING = "decoding"  # its KV holds `position` tokens and the next one goes there
+    RETAINED = "retained"  # free, and its KV still holds `tokens`
 
 
 @dataclass
 class Slot:
     index: int
     state: SlotState = SlotState.FREE
-    position: int = 0  # the next KV write position while decoding
+    position: int = 0  # the next KV write position
     request: Any = None  # what the engine serves in this slot
+    tokens: list[int] = field(default_factory=list)  # the tokens whose KV it holds, at positions 0, 1, ...
+    prompt: list[int] = field(default_factory=list)  # while prefilling: the whole prompt
+    plan: list[tuple[int, int, int]] = field(default_factory=list)  # while prefilling: (start, length, bucket)
+    chunk: int = 0  # while prefilling: the index of the next chunk in `plan`
+    released: float = 0.0  # when it last became free: a request with no prefix to reuse takes the oldest
 
     @property
     def free(self) -> bool:
-        return self.state is SlotState.FREE
+        return self.state in (SlotState.FREE, SlotState.RETAINED)
+
+    def start(self, prompt: list[int], reused: int, plan: list[tuple[int, int, int]]) -> None:
+        self.state, self.prompt, self.plan, self.chunk = SlotState.PREFILLING, list(prompt), plan, 0
+        self.tokens, self.position = self.tokens[:reused], reused
+
+    def wrote(self, tokens: list[int]) -> None:
+        """`tokens` now have their KV at the next positions."""
+        self.tokens += tokens
+        self.position += len(tokens)
 
     def release(self) -> None:
-        self.state, self.position, self.request = SlotState.FREE, 0, None
+        """Done with the request; the KV stays for a later prompt that shares its tokens."""
+        self.state = SlotState.RETAINED if self.tokens else SlotState.FREE
+        self.request, self.prompt, self.plan, self.chunk = None, [], [], 0
+        self.released = time.monotonic()

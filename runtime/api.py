@@ -131,14 +131,14 @@ def chars_per_token(tokenizer) -> int:
 def check_size(eng: Engine, texts: list[str], param: str) -> None:
     """Refuse what cannot fit before templating or tokenizing it (a 1 MB prompt took ~1 s of CPU to
     find out): at least one token per message, at most chars_per_token characters per token."""
-    most = eng.geometry.buckets[-1]
+    most = eng.geometry.kv_max - 1  # the longest prompt: one position stays for the first new token
     if len(texts) > most:
-        raise APIError(400, f"{len(texts)} messages are more than the largest prefill bucket of this model "
-                       f"({most} tokens) can hold", param=param, code="context_length_exceeded")
+        raise APIError(400, f"{len(texts)} messages are more than a prompt of this model ({most} tokens at most) "
+                       "can hold", param=param, code="context_length_exceeded")
     chars = sum(map(len, texts))
     if chars > most * chars_per_token(eng.tokenizer):
-        raise APIError(400, f"the prompt has {chars} characters; the largest prefill bucket of this model holds "
-                       f"{most} tokens of at most {chars_per_token(eng.tokenizer)} characters each; prompts are "
+        raise APIError(400, f"the prompt has {chars} characters; a prompt of this model holds at most {most} "
+                       f"tokens of at most {chars_per_token(eng.tokenizer)} characters each; prompts are "
                        "never truncated", param=param, code="context_length_exceeded")
 
 

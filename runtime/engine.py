@@ -36,7 +36,7 @@ log = logging.getLogger("gemma4.engine")
 IDLE_POLL_S = 0.1  # how often an idle engine looks up from the queue to notice a shutdown
 ABANDON_POLL_S = 0.05  # how often a waiting request asks whether its client is still there
 # A prefill or decode call still running after this long: the device or its runtime hangs, and only a
-# restart helps (a step takes milliseconds; a prefill of the largest bucket well under a second).
+# restart helps (a step takes milliseconds; a prefill chunk of the largest bucket well under a second).
 STUCK_AFTER_S = 60.0
 
 

@@ -155,7 +155,7 @@ def test_bad_input_gets_a_4xx_json_error_and_the_server_stays_ready(client, path
 @pytest.mark.parametrize("path, body, param", [
     (COMPLETIONS, {"model": MODEL, "prompt": "x" * 500_000}, "prompt"),
     (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "y" * 250_000}] * 2}, "messages"),
-    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "a"}] * 40}, "messages"),
+    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "a"}] * 70}, "messages"),  # > kv_max - 1
 ])
 def test_what_cannot_fit_is_refused_before_tokenizing(client, monkeypatch, path, body, param):
     """A 1 MB prompt took ~1 s of CPU to template and tokenize before its length was checked."""

@@ -13,12 +13,14 @@ from rich.console import Console
 
 from gemma4_port.bench import Settings, in_child, run_bench, server_env
 from gemma4_port.bench.report import (
-    BATCH_STREAMS, HOST_P50_GOAL_US, MEMORY_SLACK_MB, SPEEDUP_GOAL, print_report, write,
+    BATCH_STREAMS, CHUNKED_P99_GOAL, HOST_P50_GOAL_US, MEMORY_SLACK_MB, REUSE_TTFT_GOAL, SPEEDUP_GOAL, print_report,
+    write,
 )
 from gemma4_port.bench.server import imported_modules
 
 QUICK = Settings("tiny", new_tokens=4, repeats=1, warmup_calls=1, host_steps=20, streams=(BATCH_STREAMS,),
-                 requests_per_stream=1, server_passes=2, max_tokens=4, batching_rounds=1, ready_timeout_s=300)
+                 requests_per_stream=1, server_passes=2, max_tokens=4, batching_rounds=1, long_rounds=1,
+                 ready_timeout_s=300)
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +37,8 @@ def bench(compiled, tmp_path_factory):
 def test_json_has_every_section_and_round_trips(bench):
     result, json_path, _ = bench
     saved = json.loads(json_path.read_text())
-    assert set(saved) >= {"meta", "throughput", "host_overhead", "batching", "concurrency", "memory", "targets",
-                          "samples", "plot"}
+    assert set(saved) >= {"meta", "throughput", "host_overhead", "batching", "concurrency", "long_context", "memory",
+                          "targets", "samples", "plot"}
     assert saved["throughput"]["new_tokens"] == QUICK.new_tokens
     assert set(saved["host_overhead"]["samplers"]) >= set(HOST_P50_GOAL_US)
     assert saved["host_overhead"]["geometry"]["vocab"] == 262_144
@@ -72,6 +74,13 @@ def test_ratios_are_computed_from_the_measured_numbers(bench):
     p1, p4, n = bat["b1"]["prefill_ms"]["p50"], bat["b4"]["prefill_ms"]["p50"], bat["new_tokens"]
     assert math.isclose(bat["step_ratio"], 4 * s1 / s4)
     assert math.isclose(bat["ratio_with_prefills"], (4 * n / (4 * p4 + (n - 1) * s4)) / (n / (p1 + (n - 1) * s1)))
+    reuse, inter = result["long_context"]["reuse"], result["long_context"]["interleave"]
+    assert math.isclose(reuse["ttft_no_reuse_over_reuse"], reuse["no_reuse"]["ttft_ms"]["p50"] / reuse["reuse"]["ttft_ms"]["p50"])
+    assert reuse["reuse"]["ttft_ms"]["n"] == reuse["no_reuse"]["ttft_ms"]["n"] == QUICK.long_rounds
+    assert reuse["reused_tokens"]["no_reuse"] == 0 and reuse["reused_tokens"]["reuse"] >= reuse["shared_tokens"]
+    for q in ("p50", "p99"):
+        assert math.isclose(inter[f"itl_{q}_whole_over_chunked"],
+                            inter["whole_prompt"]["itl_ms"][q] / inter["chunked"]["itl_ms"][q])
     mem = result["memory"]
     assert math.isclose(mem["budget_mb"], mem["host_tables_mb"] + mem["graph_files_mb"] + MEMORY_SLACK_MB)
 
@@ -86,6 +95,11 @@ def test_verdicts_follow_the_numbers(bench):
     assert greedy["passed"] == (greedy["value"] < HOST_P50_GOAL_US["greedy"])
     rss = by_name["slim server RSS (MB)"]
     assert rss["passed"] == (result["memory"]["server_rss_mb"] <= result["memory"]["budget_mb"])
+    reuse = by_name["second-turn TTFT, prefill again / reuse the prefix"]
+    assert reuse["value"] == result["long_context"]["reuse"]["ttft_no_reuse_over_reuse"]
+    assert reuse["passed"] == (reuse["value"] >= REUSE_TTFT_GOAL)
+    chunked = by_name["ITL p99 beside long prompts, whole prompt / chunked"]
+    assert chunked["passed"] == (chunked["value"] >= CHUNKED_P99_GOAL)
 
 
 def test_the_server_served_and_never_built_a_transformers_model(bench):

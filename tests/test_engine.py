@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 
 import pytest
+import torch
 
 from contract.artifact import load_meta
 from runtime.engine import (
@@ -195,3 +197,112 @@ def test_backend_mismatch_fails_with_the_variable_named(compiled):
     with running(Settings(artifact=compiled("tiny-e2b", "fp32"), backend="neuron")) as engine:
         assert engine.wait(60) is State.FAILED
         assert "GEMMA4_BACKEND=neuron" in engine.reason and "cpu" in engine.reason
+
+
+# -- long prompts: chunks between decode steps, the slot states, prefix reuse --------------------
+
+def _calls(engine: Engine):
+    """Record every graph call of the engine's backend as (graph, slot states at the call)."""
+    runner, backend, seen = engine.model.runner, engine.model.runner.backend, []
+
+    def recorded(graph, call):
+        def run(*args):
+            seen.append((graph, [s.state.value + (f" chunk {s.chunk}" if s.chunk < len(s.plan) else "")
+                                 for s in runner.slots]))
+            return call(*args)
+        return run
+
+    return seen, recorded
+
+
+@pytest.fixture
+def recorder(b4, monkeypatch):
+    runner = b4.model.runner
+    seen, recorded = _calls(b4)
+    monkeypatch.setattr(runner.backend, "prefill", recorded("prefill", runner.backend.prefill))
+    monkeypatch.setattr(runner.backend, "decode", recorded("decode", runner.backend.decode))
+    return seen
+
+
+def _reference(engine: Engine, ids: list[int], steps: int) -> str:
+    from gemma4_port.reference import load_reference, reference_greedy
+
+    tokens = reference_greedy(load_reference(Path(engine.model.meta.checkpoint)), ids, steps)[0]
+    eos = set(engine.model.meta.eos_token_ids)
+    cut = next((i for i, t in enumerate(tokens) if t in eos), len(tokens))
+    return engine.tokenizer.decode(tokens[:cut], skip_special_tokens=True)
+
+
+def _random(n: int, seed: int) -> list[int]:
+    g = torch.Generator().manual_seed(seed)
+    return [int(t) for t in torch.randint(8, 1024, (n,), generator=g)]
+
+
+def test_a_prompt_longer_than_every_bucket_runs_in_chunks_between_decode_steps(b4, recorder):
+    """A stream is decoding when a 56-token prompt (buckets 16, 32) arrives: its two chunks run one per
+    step, a decode step between them, and its text is the float reference's."""
+    wait_idle(b4)
+    stream = submit(b4, PROMPTS[0], max_tokens=30)
+    while not any(graph == "decode" for graph, _ in recorder):
+        time.sleep(0.005)
+    long = _random(56, 0)
+    text, done = run(b4, long, max_tokens=6)
+    collect(stream)
+    assert done.prompt_tokens == 56 and text == _reference(b4, long, 6)
+    prefills = [i for i, (graph, _) in enumerate(recorder) if graph == "prefill"]
+    assert len(prefills) == 3  # the stream's prompt, then the long one's two chunks
+    first, second = prefills[1:]
+    assert recorder[first + 1][0] == "decode" and second > first + 1  # the stream decoded in between
+    states = recorder[first][1]
+    assert "prefilling chunk 0" in states and "decoding" in states  # the long prompt's first chunk, beside the stream
+    assert "prefilling chunk 1" in recorder[second][1] and "decoding" in recorder[second][1]
+
+
+def test_whole_prompt_prefill_runs_every_chunk_before_the_next_decode(compiled):
+    with running(Settings(artifact=compiled("tiny-e2b", "b4"), prefill_chunks_per_step=0)) as engine:
+        assert engine.wait(300) is State.READY, engine.reason
+        seen, recorded = _calls(engine)
+        backend = engine.model.runner.backend
+        backend.prefill, backend.decode = recorded("prefill", backend.prefill), recorded("decode", backend.decode)
+        stream = submit(engine, PROMPTS[0], max_tokens=30)
+        while not any(graph == "decode" for graph, _ in seen):
+            time.sleep(0.005)
+        collect(submit(engine, _random(56, 0), max_tokens=2))
+        collect(stream)
+    graphs = [graph for graph, _ in seen]
+    first = graphs.index("prefill", graphs.index("decode"))
+    assert graphs[first:first + 2] == ["prefill", "prefill"]  # both chunks at once: the stream waited
+
+
+def test_a_finished_request_leaves_its_slot_retained_and_a_shared_prefix_is_reused(b4, recorder):
+    """The second turn of a conversation keeps the first turn's KV: it prefills only its new tokens,
+    into the slot that holds them, and says what the float reference says."""
+    wait_idle(b4)
+    first = _random(40, 1)
+    run(b4, first, max_tokens=4)
+    runner = b4.model.runner
+    held = [s for s in runner.slots if s.state.value == "retained" and s.tokens[:40] == first]
+    assert len(held) == 1 and len(held[0].tokens) == 43  # the prompt and three of the four reply tokens
+    reused = b4.metrics.registry.get_sample_value("gemma4_prefix_tokens_reused_total")
+    follow = held[0].tokens + _random(9, 2)  # the conversation so far, and the next user turn
+    calls = len(recorder)
+    text, _ = run(b4, follow, max_tokens=6)
+    assert text == _reference(b4, follow, 6)
+    gained = b4.metrics.registry.get_sample_value("gemma4_prefix_tokens_reused_total") - reused
+    assert gained == 43
+    prefills = [states for graph, states in recorder[calls:] if graph == "prefill"]
+    assert len(prefills) == 1  # len(follow) - gained <= 16 tokens: one chunk
+    assert b4.metrics.registry.get_sample_value("gemma4_prefix_hit_rate") > 0
+
+
+def test_reuse_gives_what_no_reuse_gives_alone_and_beside_others(b4, compiled):
+    base = _random(45, 3)
+    prompts = [base + _random(5, 4), base + _random(12, 5), _random(50, 6)]
+    with running(Settings(artifact=compiled("tiny-e2b", "b4"), prefix_reuse=False)) as plain:
+        assert plain.wait(300) is State.READY, plain.reason
+        want = [run(plain, p, max_tokens=8)[0] for p in prompts]
+    wait_idle(b4)
+    run(b4, base, max_tokens=3)  # retained: the next two reuse it
+    assert run(b4, prompts[0], max_tokens=8)[0] == want[0]  # alone
+    jobs = [submit(b4, p, max_tokens=8) for p in (prompts[2], prompts[1])]  # beside an unrelated long prompt
+    assert [collect(j)[0] for j in jobs] == [want[2], want[1]]

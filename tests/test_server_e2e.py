@@ -243,3 +243,58 @@ def test_serve_on_a_port_in_use_is_one_line(compiled):
                                 cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith("error: GEMMA4_HOST=127.0.0.1 GEMMA4_PORT=") and "cannot listen there" in result.stderr
+
+
+# -- long prompts on a server with buckets of 8 and 16 in a context of 128 ------------------------
+
+@pytest.fixture(scope="module")
+def long_server(compiled, tmp_path_factory):
+    server = Server(compiled("tiny-e2b", "chunks"), tmp_path_factory.mktemp("serve-long")).start()
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+def _ids(n: int, seed: int) -> list[int]:
+    import random
+
+    rng = random.Random(seed)
+    return [rng.randrange(8, 1024) for _ in range(n)]
+
+
+def _greedy_text(server, ids: list[int], steps: int) -> str:
+    meta = load_meta(server.folder)
+    tokens = reference_greedy(load_reference(Path(meta.checkpoint)), ids, steps)[0]
+    cut = next((i for i, t in enumerate(tokens) if t in meta.eos_token_ids), len(tokens))
+    return load_tokenizer(server.folder / "tokenizer").decode(tokens[:cut], skip_special_tokens=True)
+
+
+def _stream(server, ids: list[int], steps: int) -> str:
+    out = server.client().completions.create(model=MODEL, prompt=ids, max_tokens=steps, temperature=0, stream=True)
+    return "".join(chunk.choices[0].text for chunk in out if chunk.choices)
+
+
+def test_a_prompt_five_times_the_largest_bucket_streams_the_reference_continuation(long_server):
+    ids = _ids(5 * 16, 0)  # 80 tokens: five chunks of 16, through a sliding ring of 8 + 16
+    assert _stream(long_server, ids, STEPS) == _greedy_text(long_server, ids, STEPS)
+
+
+def test_a_reused_prefix_answers_as_a_fresh_prefill_alone_and_beside_others(long_server):
+    base = _ids(60, 1)
+    first, second, other = base + _ids(2, 2), base + _ids(10, 3), _ids(70, 4)
+    want = {name: _greedy_text(long_server, ids, STEPS) for name, ids in
+            (("first", first), ("second", second), ("other", other))}
+    before = long_server.metric("gemma4_prefix_tokens_reused_total")
+    _stream(long_server, base, 2)  # the slot keeps its KV
+    assert _stream(long_server, first, STEPS) == want["first"]  # alone, reusing the 60 shared tokens
+    got = {}
+    threads = [threading.Thread(target=lambda n=n, i=i: got.__setitem__(n, _stream(long_server, i, STEPS)))
+               for n, i in (("other", other), ("second", second))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert got == {"other": want["other"], "second": want["second"]}  # beside an unrelated long prompt
+    assert long_server.metric("gemma4_prefix_tokens_reused_total") - before >= 2 * 60

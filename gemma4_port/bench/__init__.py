@@ -4,7 +4,9 @@ One run measures, on this machine and in this order: our compiled graphs against
 `generate` (throughput), the host's work per decode step at the real vocabulary (host_overhead),
 what batch 4 can buy over batch 1 on this backend before any server work (batching), the real
 servers of a batch-1 and a batch-4 artifact, side by side, under 1..8 concurrent streams
-(concurrency), and the memory of each way of loading the model (memory). Ratios come from numbers
+(concurrency), long prompts (a reused prefix's time to first token, and the running streams' gaps
+while long prompts arrive, chunked or whole: longctx), and the memory of each way of loading the
+model (memory). Ratios come from numbers
 measured side by side; report.py turns them into PASS/MISS verdicts, tables, JSON and a plot."""
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from contract.tokenizer import load_tokenizer
 
 from .. import ROOT
 from ..manifest import Manifest, Variant, load_manifest, parse_manifest
-from . import batching, concurrency, host_overhead, memory, report, throughput
+from . import batching, concurrency, host_overhead, longctx, memory, report, throughput
 from .errors import BenchError
 from .server import Server
 
@@ -47,14 +49,17 @@ class Settings:
     server_passes: int  # passes per concurrency level and server, alternating between the servers
     max_tokens: int  # per server request, and per request of the in-process batching rounds
     batching_rounds: int  # interleaved in-process rounds per artifact, every slot busy
+    long_rounds: int  # alternating rounds per pair of long-prompt servers (reuse or not, chunked or not)
     ready_timeout_s: float = 900.0
 
 
 SCALES = {
     "tiny": Settings("tiny", new_tokens=32, repeats=5, warmup_calls=3, host_steps=1000, streams=(1, 2, 4, 8),
-                     requests_per_stream=4, server_passes=3, max_tokens=24, batching_rounds=6),
+                     requests_per_stream=4, server_passes=3, max_tokens=24, batching_rounds=6,
+                     long_rounds=6),
     "small": Settings("small", new_tokens=24, repeats=3, warmup_calls=3, host_steps=1000, streams=(1, 2, 4, 8),
-                      requests_per_stream=2, server_passes=2, max_tokens=16, batching_rounds=3),
+                      requests_per_stream=2, server_passes=2, max_tokens=16, batching_rounds=3,
+                      long_rounds=3),
 }
 
 
@@ -169,6 +174,9 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
     result["concurrency"] = {"max_tokens": settings.max_tokens, "requests_per_stream": settings.requests_per_stream,
                              "server_passes": settings.server_passes, "servers": servers,
                              "b4_over_b1_at_4_streams": report.batching_ratio({"servers": servers})}
+    console.log(f"long prompts: prefix reuse (batch 1) and chunked prefill (batch 4), {settings.long_rounds} rounds")
+    result["long_context"] = longctx.measure(b1, b4, work / "logs" / "long", settings.long_rounds,
+                                             settings.ready_timeout_s)
     console.log("memory: a process that loads the checkpoint with transformers")
     b1_meta = load_meta(b1)
     mem = memory.measure(b1, b1_meta)

@@ -1,108 +1,132 @@
-"""Long prompts through the engine, in process, side by side.
+"""Long prompts through real servers, side by side.
 
 - Prefix reuse: the time to first token of a request that shares a long prefix with the request
   before it (a second turn of a chat), with the first request's KV reused vs prefilled again.
 - Chunked prefill: the gaps between the tokens of 3 running streams while long prompts keep
   arriving in the fourth slot, with one prefill chunk between decode steps vs whole prompts.
 
-Each pair is two engines on the same artifact that differ in one setting, driven alternately so a
-drift of the machine hits both alike; the first round of each is a warm-up (TorchScript optimises a
-graph on its second call)."""
+Each pair is two servers of the same artifact that differ in one setting, up at once and driven
+alternately, so a drift of the machine hits both alike; the first round is a warm-up (TorchScript
+optimises a graph on its second call). Prompts are token ids, so their lengths are exact."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import random
 import threading
 import time
 from pathlib import Path
 
-from runtime.engine import Delta, Engine, Job, State
-from runtime.sampling import SamplingParams
-from runtime.settings import Settings
+import requests
+
+from contract.artifact import load_meta
 
 from .errors import BenchError
+from .server import Server
 from .stats import ratio, summary
 
-GREEDY = SamplingParams(temperature=0)
 STREAMS = 3
+TIMEOUT_S = 600.0
 
 
-def _engine(folder: Path, **settings) -> Engine:
-    engine = Engine(Settings(artifact=folder, **settings)).start()
-    if engine.wait(900) is not State.READY:
-        engine.close()
-        raise BenchError(f"the engine on {folder} did not come up: {engine.reason}")
-    return engine
-
-
-def _request(engine: Engine, prompt: list[int], max_tokens: int) -> tuple[float, list[float]]:
-    """One greedy request: (seconds to its first token, seconds between its streamed tokens)."""
-    job = engine.submit(Job(list(prompt), max_tokens, GREEDY))
-    stamps = [time.perf_counter() for event in job.events() if isinstance(event, Delta)]
+def _stream(url: str, model: str, prompt: list[int], max_tokens: int) -> tuple[float, list[float]]:
+    """One greedy streamed completion: (seconds to the first text, seconds between text chunks)."""
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True}
+    t0 = time.perf_counter()
+    stamps = []
+    with requests.post(url + "/v1/completions", json=body, stream=True, timeout=TIMEOUT_S) as r:
+        if r.status_code != 200:
+            raise BenchError(f"{url}: a benchmark request got {r.status_code}: {r.text[:200]}")
+        for line in r.iter_lines():
+            if line.startswith(b"data: {"):
+                chunk = json.loads(line[6:])
+                if chunk.get("choices") and chunk["choices"][0].get("text"):
+                    stamps.append(time.perf_counter())
     if not stamps:
-        raise BenchError("a benchmark request produced no text")
-    return stamps[0] - job.accepted, [b - a for a, b in zip(stamps, stamps[1:])]
+        raise BenchError(f"{url}: a benchmark request streamed no text")
+    return stamps[0] - t0, [b - a for a, b in zip(stamps, stamps[1:])]
 
 
-def _reused(engine: Engine) -> float:
-    return engine.metrics.registry.get_sample_value("gemma4_prefix_tokens_reused_total") or 0.0
+def _metric(url: str, name: str) -> float:
+    for line in requests.get(url + "/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
+@contextlib.contextmanager
+def _servers(folder: Path, logs: Path, settings: dict[str, dict[str, str]], ready_timeout_s: float):
+    servers = {label: Server(folder, logs / label, ready_timeout_s, env) for label, env in settings.items()}
+    with contextlib.ExitStack() as stack:
+        for server in servers.values():
+            stack.callback(server.stop)
+            server.start()
+        for server in servers.values():
+            server.wait_ready()
+        yield servers
 
 
 def _alternate(rounds: int, labels: list[str]):
     """(round, label) pairs, the order flipping every round; round 0 is the warm-up."""
     for r in range(rounds + 1):
-        for label in (labels if r % 2 == 0 else labels[::-1]):
-            yield r, label
+        yield from ((r, label) for label in (labels if r % 2 == 0 else labels[::-1]))
 
 
-def reuse_ttft(folder: Path, rounds: int) -> dict:
+def reuse_ttft(folder: Path, logs: Path, rounds: int, ready_timeout_s: float) -> dict:
     """Prompt A (3/4 of the context), then A plus a short follow-up: TTFT of the second, reused or not."""
-    engines = {"reuse": _engine(folder, prefix_reuse=True), "no_reuse": _engine(folder, prefix_reuse=False)}
-    try:
-        geo = engines["reuse"].geometry
-        rng = random.Random(0)
-        n = geo.kv_max * 3 // 4
-        turns = [[rng.randrange(8, geo.vocab) for _ in range(n)] for _ in range(rounds + 1)]
-        follow = [rng.randrange(8, geo.vocab) for _ in range(geo.buckets[0] // 2)]
-        ttft: dict[str, list[float]] = {label: [] for label in engines}
-        before = {label: _reused(e) for label, e in engines.items()}
-        for r, label in _alternate(rounds, list(engines)):
-            engine, first = engines[label], turns[r]
-            _request(engine, first, 2)  # its KV stays in the slot, with its prompt and first token
-            seconds, _ = _request(engine, first + follow, 1)
+    geo = load_meta(folder).geometry
+    rng = random.Random(0)
+    n = geo.kv_max * 3 // 4
+    turns = [[rng.randrange(8, geo.vocab) for _ in range(n)] for _ in range(rounds + 1)]
+    follow = [rng.randrange(8, geo.vocab) for _ in range(geo.buckets[0] // 2)]
+    ttft: dict[str, list[float]] = {"reuse": [], "no_reuse": []}
+    env = {"reuse": {"GEMMA4_PREFIX_REUSE": "true"}, "no_reuse": {"GEMMA4_PREFIX_REUSE": "false"}}
+    with _servers(folder, logs, env, ready_timeout_s) as servers:
+        for r, label in _alternate(rounds, list(servers)):
+            s = servers[label]
+            _stream(s.url, s.model, turns[r], 2)  # its KV stays in the slot
+            seconds, _ = _stream(s.url, s.model, turns[r] + follow, 1)
             if r:
                 ttft[label].append(seconds)
-        reused = {label: _reused(e) - before[label] for label, e in engines.items()}
-    finally:
-        for engine in engines.values():
-            engine.close()
-    out = {"prompt_tokens": n + len(follow), "shared_tokens": n, "rounds": rounds,
-           "reused_tokens": reused} | {label: {"ttft_ms": summary(t, 1e3)} for label, t in ttft.items()}
+        reused = {label: _metric(s.url, "gemma4_prefix_tokens_reused_total") for label, s in servers.items()}
+    out = {"prompt_tokens": n + len(follow), "shared_tokens": n, "rounds": rounds, "reused_tokens": reused}
+    out |= {label: {"ttft_ms": summary(t, 1e3)} for label, t in ttft.items()}
     out["ttft_no_reuse_over_reuse"] = ratio(out["no_reuse"]["ttft_ms"]["p50"], out["reuse"]["ttft_ms"]["p50"])
     return out
 
 
-def _streams_beside_long_prompts(engine: Engine, short: list[list[int]], long: list[list[int]],
+def _streams_beside_long_prompts(server: Server, short: list[list[int]], long: list[list[int]],
                                  max_tokens: int) -> list[float]:
-    """STREAMS greedy streams of `max_tokens` while the long prompts arrive one after another in
-    the remaining slot; the gaps between the streams' tokens."""
+    """STREAMS greedy streams of `max_tokens` while the long prompts arrive one after another in the
+    remaining slot; the gaps between the streams' tokens."""
     gaps: list[float] = []
     lock = threading.Lock()
     done = threading.Event()
+    errors: list[Exception] = []
+
+    def guarded(fn):
+        def run():
+            try:
+                fn()
+            except Exception as exc:  # re-raised in the driver: a benchmark never hides a failure
+                errors.append(exc)
+                done.set()
+        return run
 
     def stream(prompt):
-        _, g = _request(engine, prompt, max_tokens)
+        _, g = _stream(server.url, server.model, prompt, max_tokens)
         with lock:
             gaps.extend(g)
 
     def arrivals():
         i = 0
         while not done.is_set():
-            _request(engine, long[i % len(long)], 1)
+            _stream(server.url, server.model, long[i % len(long)], 1)
             i += 1
 
-    threads = [threading.Thread(target=stream, args=(p,), daemon=True) for p in short]
-    feeder = threading.Thread(target=arrivals, daemon=True)
+    threads = [threading.Thread(target=guarded(lambda p=p: stream(p)), daemon=True) for p in short]
+    feeder = threading.Thread(target=guarded(arrivals), daemon=True)
     feeder.start()
     for t in threads:
         t.start()
@@ -110,29 +134,28 @@ def _streams_beside_long_prompts(engine: Engine, short: list[list[int]], long: l
         t.join()
     done.set()
     feeder.join()
+    if errors:
+        raise errors[0]
     return gaps
 
 
-def chunked_itl(b4: Path, rounds: int) -> dict:
+def chunked_itl(b4: Path, logs: Path, rounds: int, ready_timeout_s: float) -> dict:
     """Inter-token latency of STREAMS streams while prompts of kv_max - 8 tokens keep arriving."""
-    engines = {"chunked": _engine(b4, prefix_reuse=False, prefill_chunks_per_step=1),
-               "whole_prompt": _engine(b4, prefix_reuse=False, prefill_chunks_per_step=0)}
-    try:
-        geo = engines["chunked"].geometry
-        if geo.batch < STREAMS + 1:
-            raise BenchError(f"{b4} has {geo.batch} slots; the chunked-prefill benchmark needs {STREAMS + 1}")
-        rng = random.Random(1)
-        short = [[rng.randrange(8, geo.vocab) for _ in range(4)] for _ in range(STREAMS)]
-        long = [[rng.randrange(8, geo.vocab) for _ in range(geo.kv_max - 8)] for _ in range(3)]
-        max_tokens = geo.kv_max - 8
-        itl: dict[str, list[float]] = {label: [] for label in engines}
-        for r, label in _alternate(rounds, list(engines)):
-            gaps = _streams_beside_long_prompts(engines[label], short, long, max_tokens)
+    geo = load_meta(b4).geometry
+    if geo.batch < STREAMS + 1:
+        raise BenchError(f"{b4} has {geo.batch} slots; the chunked-prefill benchmark needs {STREAMS + 1}")
+    rng = random.Random(1)
+    short = [[rng.randrange(8, geo.vocab) for _ in range(4)] for _ in range(STREAMS)]
+    long = [[rng.randrange(8, geo.vocab) for _ in range(geo.kv_max - 8)] for _ in range(3)]
+    max_tokens = geo.kv_max // 2
+    itl: dict[str, list[float]] = {"chunked": [], "whole_prompt": []}
+    env = {label: {"GEMMA4_PREFIX_REUSE": "false", "GEMMA4_PREFILL_CHUNKS_PER_STEP": chunks}
+           for label, chunks in (("chunked", "1"), ("whole_prompt", "0"))}
+    with _servers(b4, logs, env, ready_timeout_s) as servers:
+        for r, label in _alternate(rounds, list(servers)):
+            gaps = _streams_beside_long_prompts(servers[label], short, long, max_tokens)
             if r:
                 itl[label] += gaps
-    finally:
-        for engine in engines.values():
-            engine.close()
     out = {"streams": STREAMS, "stream_tokens": max_tokens, "long_prompt_tokens": geo.kv_max - 8,
            "buckets": list(geo.buckets), "rounds": rounds}
     out |= {label: {"itl_ms": summary(g, 1e3)} for label, g in itl.items()}
@@ -141,5 +164,6 @@ def chunked_itl(b4: Path, rounds: int) -> dict:
     return out
 
 
-def measure(folder: Path, b4: Path, rounds: int) -> dict:
-    return {"reuse": reuse_ttft(folder, rounds), "interleave": chunked_itl(b4, rounds)}
+def measure(folder: Path, b4: Path, logs: Path, rounds: int, ready_timeout_s: float) -> dict:
+    return {"reuse": reuse_ttft(folder, logs / "reuse", rounds, ready_timeout_s),
+            "interleave": chunked_itl(b4, logs / "interleave", rounds, ready_timeout_s)}

@@ -3,7 +3,7 @@ keeps. Pure functions of token lists and the geometry; the engine owns the slots
 
 from __future__ import annotations
 
-from .artifact import Geometry
+from contract.artifact import Geometry
 
 
 def reusable_prefix(geo: Geometry, retained: list[int], prompt: list[int]) -> int:

@@ -53,7 +53,7 @@ class Build:
 
     manifest: Manifest
     variant: Variant
-    out: Path
+    out: Path | None  # None: a build looked at, with nothing written (the tests')
     ckpt: Path
     config: object  # Gemma4TextConfig
     reader: CheckpointReader
@@ -78,9 +78,9 @@ def run_pipeline(builder: GraphBuilder, manifest: Manifest, variant: Variant, ou
     return finish(b, builder.graphs(b, progress), builder.backend, progress, versions)
 
 
-def start_build(manifest: Manifest, variant: Variant, out: Path, progress=None) -> Build:
+def start_build(manifest: Manifest, variant: Variant, out: Path | None = None, progress=None) -> Build:
     """The checkpoint, the sharding plan (made once: a plan that cannot hold fails before any work),
-    the geometry and host tables, and an emptied artifact folder."""
+    the geometry and host tables, and an emptied artifact folder (unless `out` is None)."""
     torch.set_grad_enabled(False)
     with step(progress, "checkpoint"):
         ckpt = resolve_checkpoint(manifest)
@@ -88,7 +88,8 @@ def start_build(manifest: Manifest, variant: Variant, out: Path, progress=None) 
         reader = CheckpointReader(ckpt)
     shards = [shard_model(config, variant.tp, r) for r in range(variant.tp)]
     geo = geometry(config, shards[0], variant)  # every rank has the same per-rank shapes and inputs
-    _prepare(out, ckpt)
+    if out is not None:
+        _prepare(out, ckpt)
     return Build(manifest, variant, out, ckpt, config, reader, shards, geo, host_tables(reader, geo))
 
 

@@ -59,9 +59,6 @@ class Settings(BaseModel):
             var = ENV[str(err["loc"][0])]
             raise SettingsError(f"{var}={environ.get(var)!r}: {err['msg']}") from None
 
-    def to_env(self) -> dict[str, str]:
-        """The variables that reproduce these settings (for the gunicorn process)."""
-        return {ENV[k]: str(v) for k, v in self.model_dump().items() if v is not None}
 
 
 def check_backend(settings: Settings, artifact_backend: str) -> None:

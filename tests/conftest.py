@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-MANIFESTS = ROOT / "manifests"
+from support import MANIFESTS
 
 
 _SESSION_CACHE: list[str] = []  # the per-session cache this conftest made, removed at the end

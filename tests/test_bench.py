@@ -11,12 +11,15 @@ import os
 import pytest
 from rich.console import Console
 
+import gemma4_port.bench as bench_module
 from gemma4_port.bench import Settings, in_child, run_bench, server_env
 from gemma4_port.bench.report import (
     BATCH_STREAMS, CHUNKED_P99_GOAL, HOST_P50_GOAL_US, MEMORY_SLACK_MB, REUSE_TTFT_GOAL, SPEEDUP_GOAL, print_report,
     write,
 )
 from gemma4_port.bench.server import imported_modules
+
+from support.artifact_copies import with_backend
 
 QUICK = Settings("tiny", new_tokens=4, repeats=1, warmup_calls=1, host_steps=20, streams=(BATCH_STREAMS,),
                  requests_per_stream=1, server_passes=2, max_tokens=4, batching_rounds=1, long_rounds=1,
@@ -120,12 +123,33 @@ def test_plot_and_table(bench, capsys):
     console = Console(width=200, record=True)
     print_report(result, console)
     text = console.export_text()
-    assert "Targets" in text and ("PASS" in text or "MISS" in text)
+    assert "Targets" in text
+    rows = {line.split("│")[1].strip(): line for line in text.splitlines() if line.count("│") == 5}
+    for target in result["targets"]:  # each target's own row, with the verdict its number earned
+        row = rows[target["name"]]
+        assert row.rstrip("│ ").endswith("PASS" if target["passed"] else "MISS"), row
 
 
-def test_on_inf2_the_two_servers_take_a_neuroncore_each():
-    cores = {server_env("neuron", i)["NEURON_RT_VISIBLE_CORES"] for i in range(2)}
-    assert cores == {"0", "1"}
+def test_on_inf2_the_two_servers_take_a_neuroncore_each(compiled, tmp_path, monkeypatch):
+    """The servers the bench starts side by side get a NeuronCore each, from their artifacts' backend
+    (neuron here, by artifact.json; nothing is served: the test stops where the bench waits)."""
+    folders = {label: with_backend(compiled("tiny-e2b", variant), tmp_path / label, "neuron")
+               for label, variant in (("b1", "fp32"), ("b4", "b4"))}
+    started = []
+
+    class Recorded(bench_module.Server):
+        def start(self):
+            started.append((self.folder, self.env))
+            return self
+
+        def wait_ready(self):
+            raise RuntimeError("recorded")
+
+    monkeypatch.setattr(bench_module, "Server", Recorded)
+    with pytest.raises(RuntimeError, match="recorded"):
+        bench_module._serve(folders, QUICK, tmp_path / "logs", Console(quiet=True))
+    assert started == [(folders["b1"], {"NEURON_RT_VISIBLE_CORES": "0"}),
+                       (folders["b4"], {"NEURON_RT_VISIBLE_CORES": "1"})]
     assert server_env("cpu", 1) == {}
 
 

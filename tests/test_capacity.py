@@ -3,7 +3,6 @@ no weights), pinned against the numbers an earlier inf2 port measured."""
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,7 +12,8 @@ from gemma4_port.capacity import (
 from gemma4_port.configs import text_config_for
 from gemma4_port.manifest import load_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 XLARGE, X8LARGE = INSTANCES
 # Elements on the device (whole model at tp 1, one rank at tp 2) and in the host tables, counted from
 # Gemma4Decoder on the meta device. "E2B" and "E4B" are effective-parameter names, not device sizes.

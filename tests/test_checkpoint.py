@@ -1,5 +1,4 @@
 import json
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,7 +12,8 @@ from contract.artifact import sha256
 from gemma4_port.manifest import load_manifest
 from gemma4_port.reference import load_reference, reference_greedy
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
 
 

@@ -16,8 +16,9 @@ from runtime.engine import (
 from runtime.sampling import SamplingParams
 from runtime.settings import Settings
 
-from artifact_copies import with_eos, with_wrong_golden
-from engines import running
+from support.artifact_copies import with_eos, with_wrong_golden
+from support.engines import running
+
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = ("The capital of France is", "hello world", "Inferentia2 has two NeuronCores", "def fibonacci(n):")

@@ -16,7 +16,8 @@ from gemma4_port.imageplan import (
 )
 from gemma4_port.manifest import load_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 GOLDEN = Path(__file__).parent / "golden" / "images"
 # Everything that varies between runs is pinned here, so the Dockerfiles are byte-for-byte stable.
 FIXED = dict(

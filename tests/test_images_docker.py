@@ -15,11 +15,13 @@ from pathlib import Path
 
 import pytest
 import requests
-from docker_env import docker_engine, free_port, registry  # noqa: F401 (fixtures)
+
+from gemma4_port.bench.server import free_port
+from support import ROOT
+from support.docker_env import docker_engine, registry  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.docker
 
-ROOT = Path(__file__).resolve().parents[1]
 MANIFEST = ROOT / "manifests" / "tiny-e2b.yaml"
 REPO = "gemma4-inf2/tiny-e2b"
 MANIFEST_TYPES = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"

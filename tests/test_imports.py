@@ -6,21 +6,13 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("contract", "runtime", "gemma4_port")
+from support import ROOT
+from support.sources import project_modules
+
 # What the build package may take from the server: the load path verify shares with it. The host
 # overhead bench also times the server's own per-token host work (sampling, detokenising).
 RUNTIME_FOR_BUILD = {"runtime", "runtime.model", "runtime.model.loader"}
 RUNTIME_FOR_BENCH = {"gemma4_port.bench.host_overhead": {"runtime.sampling", "runtime.detok"}}
-
-
-def project_modules() -> dict[str, Path]:
-    out = {}
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = path.relative_to(ROOT).with_suffix("").parts
-            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return out
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:

@@ -7,7 +7,8 @@ import yaml
 
 from gemma4_port.manifest import ManifestError, load_manifest
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 SHIPPED = sorted((ROOT / "manifests").glob("*.yaml"))
 
 

@@ -1,45 +1,30 @@
 """The device graph (eager, before tracing) against transformers, and its strict weight loading."""
 
-from pathlib import Path
-
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
 from contract.greedy import softcap
 from contract.hostside import HostInputs
-from gemma4_port.checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
+from gemma4_port.checkpoint import CheckpointReader
 from gemma4_port.graphs import DecodeGraph, PrefillGraph
 from gemma4_port.lint import check_traced
-from gemma4_port.manifest import load_manifest
 from gemma4_port.model import Gemma4Decoder, WeightError
 from gemma4_port.reference import load_reference, reference_greedy
-from gemma4_port.sharding import shard_model
-from gemma4_port.tracing import EXAMPLE_TOKEN, example_inputs, geometry, host_tables, trace_quietly
+from gemma4_port.tracing import EXAMPLE_TOKEN, example_inputs, host_tables, trace_quietly
 from runtime.model.prefix import reusable_prefix
 from runtime.model.runner import chunks
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.builds import setup
+
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
 CHUNK_TOL = 2e-3
-
-
-def _setup(name, variant="fp32"):
-    manifest = load_manifest(ROOT / f"manifests/{name}.yaml")
-    folder = resolve_checkpoint(manifest)
-    config = read_text_config(folder)
-    reader = CheckpointReader(folder)
-    shard = shard_model(config)
-    geo = geometry(config, shard, manifest.variant(variant))
-    decoder = Gemma4Decoder(shard, torch.float32)
-    decoder.load_weights(reader)
-    return folder, config, shard, geo, decoder, HostInputs(geo, host_tables(reader, geo))
 
 
 @torch.no_grad()
 @pytest.mark.parametrize("name", TINY)
 def test_prefill_and_decode_match_transformers(name):
-    folder, config, shard, geo, decoder, host = _setup(name)
+    folder, config, shard, geo, decoder, host = setup(name)
     prefill, decode = PrefillGraph(decoder), DecodeGraph(decoder)
     ids = [2, 17, 300, 41, 999, 5, 77, 123, 640, 12, 9]  # 11 tokens: crosses the sliding window of 8
     steps = 20  # decode past the window too
@@ -55,7 +40,7 @@ def test_prefill_and_decode_match_transformers(name):
 
 
 def test_kv_buffers_only_for_layers_that_own_a_cache():
-    _, config, shard, geo, decoder, _ = _setup("tiny-e2b")
+    _, config, shard, geo, decoder, _ = setup("tiny-e2b")
     first_shared = config.num_hidden_layers - config.num_kv_shared_layers
     assert shard.cache_layers == tuple(range(first_shared))
     assert len(geo.kv_shapes) == 2 * first_shared
@@ -71,7 +56,7 @@ def test_kv_buffers_only_for_layers_that_own_a_cache():
 
 
 def test_k_eq_v_global_layer_has_no_v_proj():
-    _, _, shard, _, decoder, _ = _setup("tiny-12b")
+    _, _, shard, _, decoder, _ = setup("tiny-12b")
     full = [layer for layer in decoder.layers if layer.shard.kind == "full"]
     assert full and all(layer.self_attn.v_proj is None for layer in full)
     assert all(layer.shard.kv_heads == 1 for layer in full)
@@ -79,7 +64,7 @@ def test_k_eq_v_global_layer_has_no_v_proj():
 
 @pytest.mark.parametrize("drop", ["layers.2.layer_scalar", "layers.0.self_attn.k_norm.weight", "norm.weight"])
 def test_a_missing_checkpoint_tensor_fails_by_name(tmp_path, drop):
-    folder, config, shard, *_ = _setup("tiny-e2b")
+    folder, config, shard, *_ = setup("tiny-e2b")
     tensors = load_file(str(folder / "model.safetensors"))
     del tensors["model.language_model." + drop]
     save_file(tensors, str(tmp_path / "model.safetensors"))
@@ -88,7 +73,7 @@ def test_a_missing_checkpoint_tensor_fails_by_name(tmp_path, drop):
 
 
 def test_a_wrong_shape_fails_by_name(tmp_path):
-    folder, config, shard, *_ = _setup("tiny-e2b")
+    folder, config, shard, *_ = setup("tiny-e2b")
     tensors = load_file(str(folder / "model.safetensors"))
     key = "model.language_model.layers.1.mlp.up_proj.weight"
     tensors[key] = tensors[key][:-1]
@@ -98,7 +83,7 @@ def test_a_wrong_shape_fails_by_name(tmp_path):
 
 
 def test_every_module_tensor_is_mapped_and_layer_scalar_is_loaded():
-    *_, decoder, _ = _setup("tiny-e4b")
+    *_, decoder, _ = setup("tiny-e4b")
     names = {e.name for e in decoder.weight_map()}
     assert names == set(dict(decoder.named_parameters())) | set(dict(decoder.named_buffers()))
     scalars = torch.stack([layer.layer_scalar for layer in decoder.layers])
@@ -106,7 +91,7 @@ def test_every_module_tensor_is_mapped_and_layer_scalar_is_loaded():
 
 
 def test_graph_signatures_match_the_host_inputs():
-    _, _, shard, geo, decoder, host = _setup("tiny-e2b", "b4")
+    _, _, shard, geo, decoder, host = setup("tiny-e2b", "b4")
     pre = example_inputs(host, geo, "prefill", 16)
     assert geo.decode_buckets == (32, 64)
     dec = example_inputs(host, geo, "decode", 32)
@@ -124,7 +109,7 @@ def test_graph_signatures_match_the_host_inputs():
 
 
 def test_a_tp_rank_traces_from_the_rows_its_example_inputs_look_up():
-    folder, _, _, geo, _, host = _setup("tiny-e2b", "b4")
+    folder, _, _, geo, _, host = setup("tiny-e2b", "b4")
     few = HostInputs(geo, host_tables(CheckpointReader(folder), geo, rows=EXAMPLE_TOKEN + 1))
     assert few.tables.embed.shape == (EXAMPLE_TOKEN + 1, geo.hidden)
     for graph, bucket in (("prefill", 16), ("decode", 32)):
@@ -136,7 +121,7 @@ def test_a_tp_rank_traces_from_the_rows_its_example_inputs_look_up():
 def test_a_decode_bucket_computes_what_the_whole_cache_does():
     """Below the bucket's T keys, attending over T and rewriting only them gives the same logits and
     the same whole buffers as the kv_max graph (the tail comes back untouched)."""
-    *_, geo, decoder, host = _setup("tiny-e2b", "b4")
+    *_, geo, decoder, host = setup("tiny-e2b", "b4")
     graph = DecodeGraph(decoder)
     g = torch.Generator().manual_seed(0)
     kv = [torch.randn(s, generator=g) for s in geo.kv_shapes]  # a used cache: every position non-zero
@@ -156,7 +141,7 @@ def test_decode_inputs_are_the_rows_of_their_definition():
     """The precomputed tables give, per slot, exactly the causal/windowed mask over its kind's cache
     (a sliding ring key j holds position q - ((q - j) mod ring)), the one-hot write and the rotary
     rows of its position; an idle slot writes nothing and sees no key."""
-    *_, geo, _, host = _setup("tiny-e2b", "b4")
+    *_, geo, _, host = setup("tiny-e2b", "b4")
     K, W = geo.kv_max, geo.sliding_window
     positions = [0, W, K - 1, 5]
     named = dict(zip(geo.inputs["decode"], host.decode([7, 8, 9, None], positions)))
@@ -207,7 +192,7 @@ def _prefill(prefill, host, ids, chunks, buckets, slot, kv):
 
 
 def test_sliding_layers_keep_a_ring_of_window_plus_a_chunk():
-    *_, geo, _, _ = _setup("tiny-12b")
+    *_, geo, _, _ = setup("tiny-12b")
     assert geo.ring == geo.sliding_window + geo.buckets[-1] < geo.kv_max  # 16 + 32 < 64: the tests wrap it
     spans = {shape[2] for shape in geo.kv_shapes}
     assert spans == {geo.ring, geo.kv_max}
@@ -218,7 +203,7 @@ def test_sliding_layers_keep_a_ring_of_window_plus_a_chunk():
 def test_a_prompt_longer_than_every_bucket_matches_transformers_chunk_by_chunk(name):
     """50 tokens (the largest bucket is 32) in chunks at offsets 0, 7, 23, 43, through the ring (40
     or 48 positions) and the window, then greedy decoding to kv_max wraps the ring again."""
-    folder, _, _, geo, decoder, host = _setup(name)
+    folder, _, _, geo, decoder, host = setup(name)
     ref = load_reference(folder)
     prefill, decode = PrefillGraph(decoder), DecodeGraph(decoder)
     ids = _prompt(50)
@@ -242,7 +227,7 @@ def test_a_prompt_longer_than_every_bucket_matches_transformers_chunk_by_chunk(n
 def test_other_slots_are_untouched_and_stale_positions_never_read():
     """A chunk into slot 2 of 4 writes only its own positions of slot 2; a slot full of an earlier
     request's garbage (huge values past the new prompt, and in every other slot) changes nothing."""
-    folder, _, _, geo, decoder, host = _setup("tiny-e2b", "b4")
+    folder, _, _, geo, decoder, host = setup("tiny-e2b", "b4")
     prefill = PrefillGraph(decoder)
     ids = _prompt(45, seed=1)
     clean = [torch.zeros(s) for s in geo.kv_shapes]
@@ -266,7 +251,7 @@ def test_other_slots_are_untouched_and_stale_positions_never_read():
 
 @torch.no_grad()
 def test_how_a_prompt_is_chunked_does_not_change_the_result():
-    *_, geo, decoder, host = _setup("tiny-e4b")
+    *_, geo, decoder, host = setup("tiny-e4b")
     prefill = PrefillGraph(decoder)
     ids = _prompt(40, seed=2)
     results = []
@@ -282,7 +267,7 @@ def test_how_a_prompt_is_chunked_does_not_change_the_result():
 def test_chunk_inputs_are_the_rows_of_their_definition():
     """Each chunk token's mask row sees exactly the keys (p - window, p] of its own position q (the
     ring key j holding q - ((q - j) mod S)) and its write row names q mod S; padding sees and writes nothing."""
-    *_, geo, _, host = _setup("tiny-e2b")
+    *_, geo, _, host = setup("tiny-e2b")
     start, n, bucket = 37, 9, 16
     named = dict(zip(geo.inputs["prefill"], host.prefill(list(range(1, n + 1)), bucket, 0, start=start)))
     for kind in geo.kinds:
@@ -306,7 +291,7 @@ def test_chunk_inputs_are_the_rows_of_their_definition():
 
 
 def test_the_chunk_graph_traces_without_scatter_or_indexing():
-    *_, geo, decoder, host = _setup("tiny-12b")
+    *_, geo, decoder, host = setup("tiny-12b")
     kv = tuple(torch.zeros(s) for s in geo.kv_shapes)
     inputs = host.prefill([5] * 10, 16, 0, kv, start=20)
     check_traced(trace_quietly(torch.jit.trace, PrefillGraph(decoder).eval(), inputs), "prefill_16", geo.vocab)
@@ -322,7 +307,7 @@ def _prefill_all(graph, host, ids, slot, kv, start=0):
 @torch.no_grad()
 @pytest.mark.parametrize("retained_len, shared", [(50, 45), (60, 27), (20, 16)])
 def test_a_reused_prefix_gives_what_a_fresh_prefill_gives(retained_len, shared):
-    *_, geo, decoder, host = _setup("tiny-e2b", "b4")  # window 8, ring 8 + 32, kv_max 64, batch 4
+    *_, geo, decoder, host = setup("tiny-e2b", "b4")  # window 8, ring 8 + 32, kv_max 64, batch 4
     graph = PrefillGraph(decoder)
     g = torch.Generator().manual_seed(retained_len)
     old = [int(t) for t in torch.randint(8, geo.vocab, (retained_len,), generator=g)]
@@ -339,7 +324,7 @@ def test_a_reused_prefix_gives_what_a_fresh_prefill_gives(retained_len, shared):
 def test_what_the_reuse_rule_refuses_would_read_overwritten_keys():
     """60 retained positions and a prefix of 20: the ring no longer holds keys 12..19 that the new
     tokens' windows need. Forcing the reuse anyway gives other logits: the rule is what stops it."""
-    *_, geo, decoder, host = _setup("tiny-e2b", "b4")  # window 8, ring 8 + 32, kv_max 64, batch 4
+    *_, geo, decoder, host = setup("tiny-e2b", "b4")  # window 8, ring 8 + 32, kv_max 64, batch 4
     graph = PrefillGraph(decoder)
     g = torch.Generator().manual_seed(7)
     old = [int(t) for t in torch.randint(8, geo.vocab, (60,), generator=g)]

@@ -7,7 +7,6 @@ import json
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -16,7 +15,6 @@ from contract.artifact import ArtifactError
 from contract.hostside import HostInputs
 from contract.layout import neuron_layout, signature
 from contract.versions import VersionMismatch, check_versions, matches_pin, pin_problems, version_problems
-from gemma4_port.checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
 from gemma4_port.configs import text_config_for
 from gemma4_port.graphs import DecodeGraph, PrefillGraph
 from gemma4_port.manifest import load_manifest
@@ -26,22 +24,20 @@ from gemma4_port.neuron import (
     load_buffers, nxd_plan,
 )
 from gemma4_port.sharding import REPLICATED, shard_model
-from gemma4_port.tracing import CompileError, geometry, host_tables
+from gemma4_port.tracing import CompileError
 from runtime.model.loader import load_artifact
 from runtime.model.neuron import bind_states, join_kv, live_states, split_kv, write_states
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+from support.builds import started
+
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
 REAL = ["gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b"]
 
 
 def _tiny(name, variant):
-    manifest = load_manifest(ROOT / f"manifests/{name}.yaml")
-    v = manifest.variant(variant)
-    folder = resolve_checkpoint(manifest)
-    config, reader = read_text_config(folder), CheckpointReader(folder)
-    geo = geometry(config, shard_model(config, v.tp, 0), v)
-    return folder, config, reader, v, geo, HostInputs(geo, host_tables(reader, geo))
+    b = started(name, variant)
+    return b.ckpt, b.config, b.reader, b.variant, b.geo, HostInputs(b.geo, b.tables)
 
 
 def _random_kv(module: DeviceKV, seed: int) -> None:

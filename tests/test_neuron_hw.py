@@ -9,7 +9,6 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -18,8 +17,9 @@ from gemma4_port.compile import compile_artifact
 from gemma4_port.manifest import load_manifest
 from runtime.model.loader import load_artifact
 
+from support import ROOT
+
 pytestmark = pytest.mark.neuron
-ROOT = Path(__file__).resolve().parents[1]
 
 # The manifests' compiler args auto-cast matmuls to bf16, so the device runs are judged as bf16.
 CASES = [

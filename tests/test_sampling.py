@@ -6,9 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from runtime.sampling import GREEDY_BELOW, SamplingParams, argmax, distribution, draw, nucleus, sample, softcap, top_candidates
+from contract.greedy import argmax
+from runtime.sampling import GREEDY_BELOW, SamplingParams, distribution, draw, nucleus, sample, softcap, top_candidates
 
-V = 262_144
+from support.rows import V, peaky
+
 CAP = 30.0
 
 
@@ -30,14 +32,6 @@ def as_dict(weights: np.ndarray, ids: np.ndarray | None) -> dict[int, float]:
     ids = np.arange(weights.shape[0]) if ids is None else ids
     total = weights.sum(dtype=np.float64)
     return dict(zip(ids.tolist(), (weights / total).tolist()))
-
-
-def peaky(seed: int) -> torch.Tensor:
-    """Like a real LM row: a broad floor and a few dozen strong candidates (softcap bites above 30)."""
-    g = torch.Generator().manual_seed(seed)
-    row = torch.randn(V, generator=g) * 3
-    row[torch.randint(0, V, (40,), generator=g)] += torch.rand(40, generator=g) * 45
-    return row
 
 
 def flat(seed: int) -> torch.Tensor:
@@ -85,22 +79,6 @@ def test_greedy_is_the_argmax_of_raw_and_of_softcapped_logits():
     row = peaky(3)
     token = sample(row, SamplingParams(temperature=0), CAP, torch.Generator())
     assert token == int(row.argmax()) == int(softcap(row, CAP).argmax())
-
-
-@pytest.mark.parametrize("shift", [0.0, -60.0], ids=["positive max", "all negative"])
-def test_bf16_argmax_is_the_float_argmax_first_index_on_ties(shift):
-    row = (peaky(4) + shift).to(torch.bfloat16)
-    row[[9, 70_000]] = row.max()  # a tie: the first index wins, as numpy's float argmax picks it
-    assert argmax(row) == int(row.float().numpy().argmax()) == 9
-    assert argmax(row.float()) == 9
-
-
-def test_softcap_bounds_logits_and_keeps_their_order():
-    row = torch.tensor([-500.0, -20.0, 0.0, 20.0, 500.0])
-    capped = softcap(row, CAP)
-    assert capped.abs().max() <= CAP and torch.all(capped[1:] > capped[:-1])
-    np.testing.assert_allclose(softcap(row.numpy(), CAP), capped.numpy(), rtol=1e-6)
-    assert softcap(row, None) is row
 
 
 def test_nucleus_keeps_the_shortest_head_reaching_top_p():

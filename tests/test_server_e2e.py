@@ -22,7 +22,8 @@ from gemma4_port.bench.server import Server as ServedArtifact
 from gemma4_port.bench.server import free_port
 from gemma4_port.reference import load_reference, reference_greedy
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 KEY = "e2e-secret"
 MODEL = "tiny-e2b"
 STEPS = 12

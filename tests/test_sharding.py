@@ -6,7 +6,6 @@ query groups from the original head counts."""
 
 import dataclasses
 import io
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +17,8 @@ from gemma4_port.manifest import load_manifest
 from gemma4_port.model import Gemma4Decoder, kv_shapes
 from gemma4_port.sharding import REPLICATED, SPLIT, ShardingError, shard_model, shard_table
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 REAL = ["gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b"]
 SPLIT_TENSORS = ("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

@@ -4,24 +4,23 @@ its shard of the weights and its own KV, with the all-reduce inside the saved gr
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-import psutil
 import pytest
 import torch
 
 from contract.artifact import load_meta
 from contract.dtypes import DTYPES
-from contract.ranks import RankGroup, TensorParallelError
+from contract.ranks import TensorParallelError
 from gemma4_port.checkpoint import CheckpointReader, read_text_config
 from gemma4_port.model import kv_shapes
 from gemma4_port.sharding import REPLICATED, SPLIT, shard_model
 from runtime.model.loader import load_artifact
 
-ROOT = Path(__file__).resolve().parents[1]
+from support.cli import verify
+from support.processes import gone
+
 # One compile per tiny manifest; tiny-e4b is checked at bf16 with two batch slots.
 CASES = [("tiny-e2b", "tp2"), ("tiny-e4b", "tp2-bf16"), ("tiny-12b", "tp2")]
 # The rule each tiny model's K/V must get, per attention kind (written out, not taken from the plan).
@@ -30,12 +29,6 @@ KV_RULE = {"tiny-e2b": {"sliding": REPLICATED, "full": REPLICATED},  # nkv 1
            "tiny-12b": {"sliding": SPLIT, "full": REPLICATED}}  # nkv 8, global nkv 1 with k_eq_v
 HALVED = ("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SPLIT_DIM = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0, "o_proj": 1, "down_proj": 1}
-
-
-def verify(folder, *extra):
-    """`build.py verify` in a fresh process, as a user runs it."""
-    return subprocess.run([sys.executable, str(ROOT / "build.py"), "verify", str(folder), *extra],
-                          capture_output=True, text=True, cwd=ROOT, env=os.environ | {"COLUMNS": "250"}, timeout=600)
 
 
 def rank_weights(folder: Path, rank: int) -> dict[str, torch.Tensor]:
@@ -115,15 +108,6 @@ def test_the_saved_rank_graphs_carry_the_all_reduce(compiled, name, variant):
         assert len(reduces) == 2 * meta.geometry.num_layers, key
 
 
-def _ranks_gone(pids) -> bool:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def test_the_backend_resets_and_closes_cleanly(compiled):
     model = load_artifact(compiled("tiny-12b", "tp2"))
     backend = model.runner.backend
@@ -133,7 +117,7 @@ def test_the_backend_resets_and_closes_cleanly(compiled):
     backend.reset()
     assert model.runner.greedy(ids, 6)[0] == first
     model.close()
-    assert _ranks_gone(pids)
+    assert gone(pids)
     model.close()  # idempotent
     with pytest.raises(TensorParallelError, match="shut down"):
         model.runner.prefill(0, ids)
@@ -148,55 +132,4 @@ def test_a_killed_rank_is_a_clear_error_not_a_hang(compiled):
     with pytest.raises(TensorParallelError, match=r"tp rank 1 \(pid \d+\) died during decode with exit code -9"):
         model.runner.decode({0: 7})
     assert time.monotonic() - start < 15
-    assert _ranks_gone(pids)
-
-
-class Flaky:
-    """A rank actor for the failure paths of RankGroup."""
-
-    def __init__(self, rank, tp):
-        self.rank = rank
-
-    def nap(self, rank, seconds):
-        if self.rank == rank:
-            time.sleep(seconds)
-
-    def fail(self, rank):
-        if self.rank == rank:
-            raise ValueError("this rank is broken")
-
-    def total(self, t):
-        return float(t.sum())
-
-
-def test_a_call_sends_tensors_by_value_and_leaves_the_callers_alone():
-    """The host sends views of its tables (prefill's rope rows) while numpy views gather from them:
-    the send must not move their storage into shared memory."""
-    table = torch.arange(12.0).view(3, 4)
-    bits = table.view(torch.int32).numpy()
-    group = RankGroup(2, Flaky)
-    try:
-        assert group.call("total", table[:2]) == [28.0, 28.0]
-    finally:
-        group.close()
-    assert not table.is_shared()
-    assert bits.ctypes.data == table.data_ptr()
-
-
-def test_a_stalled_rank_times_out_and_the_group_shuts_down():
-    group = RankGroup(2, Flaky, timeout=60)
-    pids = group.pids
-    group.timeout = 2
-    start = time.monotonic()
-    with pytest.raises(TensorParallelError, match=r"tp rank\(s\) \[1\] did not finish nap within 2 s"):
-        group.call("nap", 1, 60)
-    assert time.monotonic() - start < 20
-    assert _ranks_gone(pids)
-
-
-def test_a_rank_that_raises_names_itself_and_the_error():
-    group = RankGroup(2, Flaky)
-    pids = group.pids
-    with pytest.raises(TensorParallelError, match="tp rank 0 failed during fail: ValueError: this rank is broken"):
-        group.call("fail", 0)
-    assert _ranks_gone(pids)
+    assert gone(pids)

@@ -31,3 +31,11 @@ def with_eos(src: Path, dst: Path, token: int) -> Path:
         raw["eos_token_ids"] = sorted({*raw["eos_token_ids"], token})
 
     return _edited(src, dst, edit)
+
+
+def with_backend(src: Path, dst: Path, backend: str) -> Path:
+    """A copy that says it was compiled for `backend` (the graphs stay what they are)."""
+    def edit(raw):
+        raw["backend"] = backend
+
+    return _edited(src, dst, edit)

@@ -1,4 +1,4 @@
-"""A real Docker engine and registry for the `docker`-marked tests (see shared notes, containers-here).
+"""A real Docker engine and registry for the `docker`-marked tests.
 
 Debian's `docker.io`, `docker-registry` and `debootstrap` are installed with apt if missing. dockerd
 runs with its data, exec root, pidfile and socket in a temp dir and with every flag that would touch
@@ -7,7 +7,7 @@ network "none" or "host" on loopback. The registry listens on 127.0.0.1 only. Bo
 The engine's image store is kept in the image cache (GEMMA4_INF2_IMAGE_CACHE, like the wheelhouse
 and the Debian rootfs), so a rerun's builds hit the layer cache; delete it to build from nothing.
 
-Test modules import the fixtures: `from docker_env import docker_engine, registry`.
+Test modules import the fixtures: `from support.docker_env import docker_engine, registry`.
 """
 
 from __future__ import annotations
@@ -27,6 +27,8 @@ from pathlib import Path
 import pytest
 import requests
 
+from gemma4_port.bench.server import free_port
+
 PACKAGES = {"dockerd": "docker.io", "docker-registry": "docker-registry", "debootstrap": "debootstrap"}
 
 
@@ -38,12 +40,6 @@ def ensure_installed() -> None:
     subprocess.run(["apt-get", "update", "-q"], check=True, env=env, capture_output=True)
     subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], check=True, env=env,
                    capture_output=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _stop(proc: subprocess.Popen, timeout: float = 30) -> None:

@@ -1,0 +1,48 @@
+"""contract.artifact: artifact.json read in one step, each problem one line naming the file; the
+geometry states each fact once."""
+
+import json
+import shutil
+
+import pytest
+
+from contract.artifact import ARTIFACT_FORMAT, ArtifactError, load_meta
+
+
+@pytest.fixture
+def copy(compiled, tmp_path):
+    dst = tmp_path / "artifact"
+    shutil.copytree(compiled("tiny-e2b", "b4"), dst)
+    return dst
+
+
+def _edit(folder, edit):
+    raw = json.loads((folder / "artifact.json").read_text())
+    edit(raw)
+    (folder / "artifact.json").write_text(json.dumps(raw))
+
+
+def test_the_geometry_states_kv_max_once_and_its_prefill(compiled):
+    folder = compiled("tiny-e2b", "b4")
+    geo = load_meta(folder).geometry
+    assert geo.kv_max == geo.decode_buckets[-1] == 64 and geo.prefill == "device"
+    assert geo.kv_shapes == [(4, heads, 64, dim) for heads, dim in geo.kv_heads]
+    stored = json.loads((folder / "artifact.json").read_text())["geometry"]
+    assert "kv_max" not in stored and "kv_shapes" not in stored
+
+
+def test_a_missing_or_broken_artifact_json_is_one_line(copy, tmp_path):
+    with pytest.raises(ArtifactError, match="artifact.json is missing: .* is not an artifact made by"):
+        load_meta(tmp_path / "nothing")
+    (copy / "artifact.json").write_text("{")
+    with pytest.raises(ArtifactError, match="artifact.json: not valid JSON"):
+        load_meta(copy)
+
+
+def test_another_format_or_a_bad_field_is_named(copy):
+    _edit(copy, lambda raw: raw.update(format=ARTIFACT_FORMAT - 1))
+    with pytest.raises(ArtifactError, match=f"artifact format {ARTIFACT_FORMAT - 1}, this runtime reads {ARTIFACT_FORMAT}"):
+        load_meta(copy)
+    _edit(copy, lambda raw: raw.update(format=ARTIFACT_FORMAT) or raw["geometry"].update(prefill="gpu"))
+    with pytest.raises(ArtifactError, match=r"artifact.json: geometry.prefill: "):
+        load_meta(copy)

@@ -13,6 +13,7 @@ from gemma4_port.manifest import load_manifest, parse_manifest
 from gemma4_port.model import Gemma4Decoder
 from gemma4_port.tracing import CompileError
 
+from support import ROOT
 from support.cli import verify
 
 

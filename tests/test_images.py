@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 # DL3007 (FROM a `latest` tag): a slim is FROM the base built in the same run, by digest once the
 # base is pushed (imageplan.pin_base); a dry run has no digest yet. DL3059 (consecutive RUNs): the
 # neuron base compiles each variant in a RUN of its own, so each is cached on its own.

@@ -17,7 +17,8 @@ from gemma4_port.manifest import load_manifest
 from runtime.serve import gunicorn_options
 from runtime.settings import Settings
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 K8S = ROOT / "deploy" / "k8s"
 BIN = Path(sys.executable).parent
 GIB = 1 << 30

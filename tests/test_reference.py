@@ -6,7 +6,6 @@ from __future__ import annotations
 import tomllib
 import warnings
 from importlib.metadata import version
-from pathlib import Path
 
 import torch
 from packaging.specifiers import SpecifierSet
@@ -16,7 +15,7 @@ from gemma4_port.checkpoint import resolve_checkpoint
 from gemma4_port.manifest import load_manifest
 from gemma4_port.reference import load_reference, reference_greedy
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
 
 
 def test_greedy_uses_the_cache_without_deprecated_arguments():

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import re
-from pathlib import Path
 
 import pytest
 from jinja2 import TemplateError
@@ -14,7 +13,8 @@ from gemma4_port.checkpoint import resolve_checkpoint
 from gemma4_port.manifest import load_manifest
 from gemma4_port.tokenizer import RESPONSE_SCHEMA, SPECIAL_TOKENS, train_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
+from support import ROOT
+
 Q = '<|"|>'
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Get the weather",

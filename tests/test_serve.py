@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from contract.artifact import ArtifactError
-from runtime.serve import Server, run
+from runtime.serve import Server, gunicorn_options, run
 from runtime.settings import Settings, SettingsError
 
 from support import ROOT
@@ -26,7 +26,7 @@ def test_gunicorn_takes_its_options_from_the_settings(compiled):
                                   "GEMMA4_HOST": "127.0.0.1", "GEMMA4_QUEUE_MAX": "5"})
     cfg = Server(settings).cfg
     assert cfg.bind == ["127.0.0.1:8123"] and cfg.workers == 1 and cfg.threads == 5 + 32
-    assert cfg.worker_class_str == "gthread" and not cfg.preload_app
+    assert cfg.worker_class_str == gunicorn_options(settings)["worker_class"] and not cfg.preload_app
 
 
 def test_the_image_entry_point_refuses_a_bad_setting_in_one_line():

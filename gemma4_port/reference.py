@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import torch
@@ -32,19 +31,15 @@ def reference_greedy(model, ids: list[int], steps: int) -> tuple[list[int], list
     """Greedy tokens and the (softcapped) logits that chose each, ignoring EOS so lengths are fixed."""
     from transformers import DynamicCache
 
-    cache = {cache_argument(model): DynamicCache(config=model.config)}  # filled in place by every call
-    out = model(input_ids=torch.tensor([ids]), use_cache=True, logits_to_keep=1, **cache)
+    # transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name goes in 5.40).
+    cache = DynamicCache(config=model.config)  # filled in place by every call
+    out = model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1)
     tokens, logits = [], []
     for i in range(steps):
         step = out.logits[0, -1].float()
         logits.append(step)
         tokens.append(int(step.argmax()))
         if i + 1 < steps:
-            out = model(input_ids=torch.tensor([[tokens[-1]]]), use_cache=True, **cache)
+            out = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True)
     return tokens, logits
 
-
-def cache_argument(model) -> str:
-    """transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name goes in 5.40);
-    5.23, the manifests' pin, knows only the old one and would pass `cache` on unread."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"

@@ -170,3 +170,19 @@ def test_a_base_image_without_python_is_named_before_anything_is_built(docker_en
     run = images_cli(tmp_path, "--base-image", "local/bare:1", "--tags", "base", timeout=300)
     line = one_error_line(run)
     assert line.startswith("error: prepare OS image: local/bare:1 has no python3") and "python3-venv" in line, line
+
+
+def test_a_stale_default_os_image_is_checked_before_it_is_trusted(docker_engine, pushed, tmp_path):  # noqa: F811
+    """An existing local/debian:bookworm was used as it was; one without python3 is named, with the fix."""
+    import docker
+
+    client = docker.from_env()
+    default = "local/debian:bookworm"
+    real = client.images.get(default)  # made by the `pushed` builds
+    bare = client.images.get("local/bare:1")  # from the test above
+    bare.tag("local/debian", "bookworm")
+    try:
+        line = one_error_line(images_cli(tmp_path, "--tags", "base", timeout=300))
+    finally:
+        real.tag("local/debian", "bookworm")
+    assert line.startswith(f"error: prepare OS image: {default} has no python3") and f"docker rmi {default}" in line

@@ -33,6 +33,7 @@ from .stats import summary
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
 CLOSER = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
 MAX_CONNECTIONS = 1000  # hard cap on the sockets this module opens at once
+BIG_PROMPT_BYTES = 1_000_000  # under the server's default body limit (1 MiB)
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Attack:
     slow: int = 200
     idle: int = 200
     closers_per_s: float = 0.0  # new Connection: close clients a second (each held open for the run)
+    big: int = 0  # clients posting 1 MB prompts back to back (the server must refuse them cheaply)
     trickle_s: float = 2.0
 
     def __post_init__(self):
@@ -54,6 +56,7 @@ class Pressure:
     host: str
     port: int
     attack: Attack
+    model: str = ""  # the served model, for requests that must get as far as the prompt
     reopened: int = 0  # connections the server closed (a timeout working) and were opened again
     _stop: threading.Event = field(default_factory=threading.Event)
     _threads: list = field(default_factory=list)
@@ -106,11 +109,24 @@ class Pressure:
         for s in held:
             s.close()
 
+    def _big_prompts(self) -> None:
+        body = json.dumps({"model": self.model, "prompt": "hello " * (BIG_PROMPT_BYTES // 6)}).encode()
+        while not self._stop.is_set():
+            conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
+            try:
+                conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"})
+                conn.getresponse().read()
+            except OSError:
+                time.sleep(0.1)
+            finally:
+                conn.close()
+
     def start(self) -> Pressure:
         jobs = [(self.attack.slow, HEAD, b"X-Trickle: 1\r\n"), (self.attack.idle, b"", None)]
         self._threads = [threading.Thread(target=self._hold, args=job, daemon=True) for job in jobs if job[0]]
         if self.attack.closers_per_s:
             self._threads.append(threading.Thread(target=self._closers, daemon=True))
+        self._threads += [threading.Thread(target=self._big_prompts, daemon=True) for _ in range(self.attack.big)]
         for t in self._threads:
             t.start()
         return self
@@ -180,11 +196,11 @@ def _summary(probes: list, completions: list, cpu_s: float) -> dict:
             "worker_cpu_s": cpu_s}
 
 
-def _hold(host: str, port: int, attack: Attack, stop, reopened) -> None:
+def _hold(host: str, port: int, attack: Attack, model: str, stop, reopened) -> None:
     """The hostile clients, in a process of their own at low priority: on one small machine they stand
     in for other machines, so they must not take the CPU or the interpreter from the measured ones."""
     os.nice(10)
-    pressure = Pressure(host, port, attack).start()
+    pressure = Pressure(host, port, attack, model).start()
     stop.wait()
     pressure.stop()
     reopened.value = pressure.reopened
@@ -204,7 +220,7 @@ def run(host: str, port: int, model: str, attack: Attack, seconds: float, rounds
             hostile = stop = count = None
             if condition == "attacked":
                 stop, count = ctx.Event(), ctx.Value("i", 0)
-                hostile = ctx.Process(target=_hold, args=(host, port, attack, stop, count), daemon=True)
+                hostile = ctx.Process(target=_hold, args=(host, port, attack, model, stop, count), daemon=True)
                 hostile.start()
                 time.sleep(warmup_s)
             try:
@@ -234,11 +250,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--idle", type=int, default=200, help="idle connections (default 200)")
     p.add_argument("--closers", type=float, default=0.0,
                    help="new `Connection: close` clients a second that never close (default 0)")
+    p.add_argument("--big", type=int, default=0, help="clients posting 1 MB prompts back to back (default 0)")
     p.add_argument("--seconds", type=float, default=10.0, help="length of each measurement (default 10)")
     p.add_argument("--rounds", type=int, default=3, help="idle/attacked rounds, alternating (default 3)")
     p.add_argument("--logs", type=Path, default=Path("artifacts/hostile-logs"), help="server logs")
     args = p.parse_args(argv)
-    attack = Attack(args.slow, args.idle, args.closers)
+    attack = Attack(args.slow, args.idle, args.closers, big=args.big)
     with Server(args.artifact, args.logs, env={"OMP_NUM_THREADS": "1"}) as server:
         result = run("127.0.0.1", server.port, server.model, attack, args.seconds, args.rounds, worker=server.worker)
     print(json.dumps(result, indent=1))

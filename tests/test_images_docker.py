@@ -154,35 +154,43 @@ def test_a_registry_that_refuses_is_one_clear_line(pushed):
     assert "connection refused" in line
 
 
-def test_a_base_image_without_python_is_named_before_anything_is_built(docker_engine, tmp_path):  # noqa: F811
-    """It failed deep in the build with "returned a non-zero code: 127"."""
+def bare_image(tag: str = "local/bare:1"):
+    """An OS image of one file: no shell, no python."""
     import io
     import tarfile
 
     import docker
 
     layer = io.BytesIO()
-    with tarfile.open(fileobj=layer, mode="w") as tar:  # an OS image of one file: no shell, no python
+    with tarfile.open(fileobj=layer, mode="w") as tar:
         info = tarfile.TarInfo("etc/os-release")
         info.size = len(b"ID=bare\n")
         tar.addfile(info, io.BytesIO(b"ID=bare\n"))
-    docker.from_env().api.import_image_from_data(layer.getvalue(), repository="local/bare", tag="1")
+    repository, _, version = tag.partition(":")
+    docker.from_env().api.import_image_from_data(layer.getvalue(), repository=repository, tag=version)
+    return docker.from_env().images.get(tag)
+
+
+def test_a_base_image_without_python_is_named_before_anything_is_built(docker_engine, tmp_path):  # noqa: F811
+    """It failed deep in the build with "returned a non-zero code: 127"."""
+    bare_image()
     run = images_cli(tmp_path, "--base-image", "local/bare:1", "--tags", "base", timeout=300)
     line = one_error_line(run)
     assert line.startswith("error: prepare OS image: local/bare:1 has no python3") and "python3-venv" in line, line
 
 
-def test_a_stale_default_os_image_is_checked_before_it_is_trusted(docker_engine, pushed, tmp_path):  # noqa: F811
+def test_a_stale_default_os_image_is_checked_before_it_is_trusted(docker_engine, tmp_path):  # noqa: F811
     """An existing local/debian:bookworm was used as it was; one without python3 is named, with the fix."""
-    import docker
+    from gemma4_port.docker_driver import Driver
+    from gemma4_port.imageplan import DEFAULT_OS_IMAGE
+    from gemma4_port.images import image_cache
 
-    client = docker.from_env()
-    default = "local/debian:bookworm"
-    real = client.images.get(default)  # made by the `pushed` builds
-    bare = client.images.get("local/bare:1")  # from the test above
-    bare.tag("local/debian", "bookworm")
+    default = DEFAULT_OS_IMAGE["cpu"]
+    Driver().ensure_os_image(default, image_cache())  # the real one (made once, from the cached rootfs)
+    real = Driver().client.images.get(default)
+    bare_image().tag(*default.split(":"))
     try:
         line = one_error_line(images_cli(tmp_path, "--tags", "base", timeout=300))
     finally:
-        real.tag("local/debian", "bookworm")
+        real.tag(*default.split(":"))
     assert line.startswith(f"error: prepare OS image: {default} has no python3") and f"docker rmi {default}" in line

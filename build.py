@@ -30,7 +30,7 @@ def _compile(args) -> int:
 def _verify(args) -> int:
     from gemma4_port.verify import verify_artifact
 
-    return verify_artifact(Path(args.dir), long=not args.quick)
+    return verify_artifact(Path(args.dir), long=not args.quick, json_out=args.json_out and Path(args.json_out))
 
 
 def _plan(args) -> int:
@@ -73,6 +73,7 @@ def parser() -> argparse.ArgumentParser:
     v = sub.add_parser("verify", help="load an artifact as the server does and match the float reference")
     v.add_argument("dir", help="an artifact directory from `build.py compile`")
     v.add_argument("--quick", action="store_true", help="golden and short prompts only (skip the kv_max run)")
+    v.add_argument("--json", dest="json_out", metavar="OUT", help="also write every row's figures per step as JSON")
     v.set_defaults(run=_verify)
 
     pl = sub.add_parser("plan", help="bytes per NeuronCore and host RAM per variant, with verdicts")

@@ -14,7 +14,8 @@ from .errors import Gemma4Error
 from .files import read_parsed
 from .typed import Frozen
 
-ARTIFACT_FORMAT = 3  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill
+ARTIFACT_FORMAT = 4  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill;
+# 4: a self-digest, golden steps with the reference's best logits
 HOST_TABLES = "host/tables.safetensors"
 
 
@@ -65,11 +66,19 @@ class Geometry(Frozen):
         return [(self.batch, heads, self.span(kind), dim) for (heads, dim), kind in zip(self.kv_heads, self.kv_kinds)]
 
 
+class GoldenStep(Frozen):
+    """The float reference at one golden step: its best tokens, best first, and their softcapped
+    logits, from which the self-test judges a divergence without a device at compile time."""
+
+    ids: tuple[int, ...]
+    logits: tuple[float, ...]
+
+
 class Golden(Frozen):
     name: str
     ids: tuple[int, ...]
     tokens: tuple[int, ...]  # the float reference's greedy continuation
-    checked: int  # leading steps whose reference margin the artifact's dtype cannot flip: the self-test's
+    steps: tuple[GoldenStep, ...]  # one per token
 
 
 class ArtifactMeta(Frozen):
@@ -96,12 +105,26 @@ def sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+def digest(raw: dict) -> str:
+    """sha256 of artifact.json's content without its own `digest` field, in one canonical form (sorted
+    keys, no spaces), so the check is about the facts, not the layout of the file."""
+    body = {k: v for k, v in raw.items() if k != "digest"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
 def load_meta(folder: str | Path) -> ArtifactMeta:
     path = Path(folder) / "artifact.json"
     raw = read_parsed(path, json.loads, ArtifactError, syntax="JSON",
                       missing=f"{path} is missing: {folder} is not an artifact made by `build.py compile`")
+    if not isinstance(raw, dict):
+        raise ArtifactError(f"{path}: not an artifact description (a JSON object); corrupted or replaced")
     if raw.get("format") != ARTIFACT_FORMAT:
         raise ArtifactError(f"{path}: artifact format {raw.get('format')!r}, this runtime reads {ARTIFACT_FORMAT}")
+    # artifact.json is guarded like the files it lists: its geometry and rotary tables shape every
+    # step, and an edit there bends the logits without failing any other check.
+    if raw.get("digest") != digest(raw):
+        raise ArtifactError(f"{path}: digest mismatch (edited or corrupted since `build.py compile` wrote it)")
+    raw = {k: v for k, v in raw.items() if k != "digest"}
     try:
         return ArtifactMeta.model_validate(raw)
     except ValidationError as exc:
@@ -122,4 +145,9 @@ def check_files(folder: str | Path, meta: ArtifactMeta) -> list[str]:
 
 
 def write_meta(folder: Path, meta: ArtifactMeta) -> None:
-    (folder / "artifact.json").write_text(json.dumps(meta.model_dump(mode="json"), indent=1) + "\n")
+    write_raw(folder, meta.model_dump(mode="json"))
+
+
+def write_raw(folder: Path, raw: dict) -> None:
+    """artifact.json with its digest."""
+    (folder / "artifact.json").write_text(json.dumps(raw | {"digest": digest(raw)}, indent=1) + "\n")

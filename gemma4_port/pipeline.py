@@ -1,6 +1,7 @@
 """The compile pipeline: one start (checkpoint, sharding plan, geometry, host tables, an emptied
 artifact folder), a graph builder per backend, one finish (host tables, golden tokens from the float
-reference, sha256 of every file, artifact.json, and the golden steps the saved artifact reproduces).
+reference with its best logits per step, sha256 of every file, artifact.json, and the server's
+self-test on the saved artifact where the graphs can run here).
 
 A builder (cpu, cpu tp, neuron) plugs in through `GraphBuilder`: it checks what it needs before any
 work, then writes its graphs into the folder and names them."""
@@ -18,11 +19,13 @@ from typing import Literal, Protocol
 
 import torch
 
-from contract.artifact import ARTIFACT_FORMAT, HOST_TABLES, ArtifactMeta, Geometry, Golden, sha256, write_meta
+from contract.artifact import (
+    ARTIFACT_FORMAT, HOST_TABLES, ArtifactMeta, Geometry, Golden, GoldenStep, sha256, write_meta,
+)
+from contract.logit_error import golden_steps
 from contract.tokenizer import load_tokenizer
-from runtime.model.loader import load_artifact
+from runtime.model.loader import SelfTestFailed, load_artifact
 
-from .agreement import Case, compare
 from .checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
 from .manifest import Manifest, Variant
 from .reference import load_reference, reference_greedy
@@ -119,29 +122,17 @@ def golden_prompts(tokenizer, max_len: int) -> list[tuple[str, list[int]]]:
     return out
 
 
-def calibrate_golden(folder: Path, reference_logits: dict[str, list[torch.Tensor]]) -> tuple[Golden, ...]:
-    """Run the saved artifact as the server will and keep, per golden prompt, the steps it reproduces.
-
-    A divergence that verify's near-tie rule explains (a top-2 margin within the device's measured
-    error) ends the checked steps there; any other divergence means the artifact is wrong."""
+def self_test_here(folder: Path) -> None:
+    """The server's own self-test on the saved artifact, loaded as the server loads it: graphs that
+    disagree with the reference fail the compile rather than the first server."""
     model = load_artifact(folder)
     try:
-        out = []
-        geo = model.meta.geometry
-        for g in model.meta.golden:
-            tokens, logits = model.runner.greedy(list(g.ids), len(g.tokens))
-            row = compare(Case(g.name, list(g.ids), len(g.tokens)), tokens, logits, list(g.tokens),
-                          reference_logits[g.name], geo.softcap, geo.dtype)
-            if row.verdict == "MISMATCH":
-                raise CompileError(f"the compiled graphs disagree with the float reference on golden prompt "
-                                   f"{g.name!r}: {row.note}; run `build.py verify {folder}` for the full table")
-            if row.first_divergence != 0:
-                out.append(g.model_copy(update={"checked": row.first_divergence or len(g.tokens)}))
+        model.self_test()
+    except SelfTestFailed as exc:
+        raise CompileError(f"the compiled graphs disagree with the float reference: {exc}; run "
+                           f"`build.py verify {folder}` for the full table") from None
     finally:
         model.close()
-    if not out:
-        raise CompileError("every golden prompt starts with a near-tie on this artifact: nothing to self-test")
-    return tuple(out)
 
 
 def eos_token_ids(ckpt: Path, tokenizer) -> tuple[int, ...]:
@@ -175,10 +166,11 @@ def finish(b: Build, graphs: dict[str, str], backend: str, progress, extra_versi
     with step(progress, "golden tokens from the float reference (transformers, CPU)"):
         tok = load_tokenizer(out / "tokenizer")
         ref = load_reference(ckpt)
-        golden, ref_logits = [], {}
+        golden = []
         for name, ids in golden_prompts(tok, geo.buckets[-1]):
-            tokens, ref_logits[name] = reference_greedy(ref, ids, GOLDEN_STEPS)
-            golden.append(Golden(name=name, ids=ids, tokens=tokens, checked=len(tokens)))
+            tokens, logits = reference_greedy(ref, ids, GOLDEN_STEPS)
+            steps = tuple(GoldenStep(ids=top, logits=values) for top, values in golden_steps(logits))
+            golden.append(Golden(name=name, ids=ids, tokens=tokens, steps=steps))
     with step(progress, "sha256 of every file"):
         files = {}
         for p in sorted(out.rglob("*")):
@@ -193,7 +185,9 @@ def finish(b: Build, graphs: dict[str, str], backend: str, progress, extra_versi
         created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     )
     write_meta(out, meta)
+    # The self-test needs nothing measured on the device (the reference's logits judge it), so where
+    # the graphs cannot run here (a Neuron compile inside `docker build`) the server runs it first.
     if backend == "cpu" or Path("/dev/neuron0").exists():
-        with step(progress, "golden steps the artifact reproduces, loaded as the server loads it"):
-            write_meta(out, meta.model_copy(update={"golden": calibrate_golden(out, ref_logits)}))
+        with step(progress, "the server's self-test on the saved artifact"):
+            self_test_here(out)
     return out

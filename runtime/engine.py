@@ -57,10 +57,6 @@ class QueueFull(Gemma4Error, RuntimeError):
     pass
 
 
-class SelfTestFailed(Gemma4Error, RuntimeError):
-    pass
-
-
 class DoesNotFit(Gemma4Error, ValueError):
     """A prompt or max_tokens that the artifact's kv_max cannot hold; never truncated."""
 
@@ -160,23 +156,6 @@ class _Live:
     generated: int = 0
 
 
-def self_test(model: LoadedModel) -> None:
-    """Every golden prompt of artifact.json through the real graphs must give the float reference's
-    greedy tokens; goldens rotate over the slots so every slot is exercised when there are enough."""
-    meta = model.meta
-    if not meta.golden:
-        raise SelfTestFailed("artifact.json has no golden prompts: nothing proves the output correct")
-    for i, golden in enumerate(meta.golden):
-        slot = i % meta.geometry.batch
-        # Only the steps compile proved this artifact reproduces: past a bf16 near-tie is luck.
-        want = list(golden.tokens[:golden.checked])
-        tokens, _ = model.runner.greedy(list(golden.ids), len(want), slot)
-        if tokens != want:
-            step = next(j for j, (a, b) in enumerate(zip(tokens, want)) if a != b)
-            raise SelfTestFailed(f"golden prompt {golden.name!r} (slot {slot}) gave {tokens}, artifact.json expects "
-                                 f"{want} (first difference at step {step})")
-
-
 class Engine:
     def __init__(self, settings: Settings, metrics: Metrics | None = None):
         self.settings = settings
@@ -255,7 +234,7 @@ class Engine:
             self.model_name = self.settings.model_name or self.model.meta.name
             self.metrics.slots.set(self.geometry.batch)
             self._set(State.SELF_TEST, f"{len(self.model.meta.golden)} golden prompt(s)")
-            self_test(self.model)
+            self.model.self_test()
         except Exception as exc:  # every failure to come up is reported by /ready, not raised
             log.exception("loading or self-test failed")
             self._set(State.FAILED, f"{type(exc).__name__}: {exc}")

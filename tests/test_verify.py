@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from contract.artifact import load_meta, sha256
+from contract.artifact import load_meta, sha256, write_raw
 from gemma4_port.compile import compile_artifact
 from gemma4_port.manifest import load_manifest, parse_manifest
 from gemma4_port.model import Gemma4Decoder
@@ -20,8 +20,9 @@ from support.cli import verify
 def _reseal(folder: Path, rel: str) -> None:
     """Record a file's new sha256, so a test can reach the check behind the sha256 check."""
     meta = json.loads((folder / "artifact.json").read_text())
+    meta.pop("digest")
     meta["files"][rel] = sha256(folder / rel)
-    (folder / "artifact.json").write_text(json.dumps(meta))
+    write_raw(folder, meta)
 
 
 @pytest.mark.parametrize("name", ["tiny-e2b", "tiny-e4b", "tiny-12b"])
@@ -93,7 +94,7 @@ def test_layer_scalar_left_at_one_fails_verify(tmp_path, monkeypatch):
     with pytest.raises(CompileError, match="disagree with the float reference"):
         compile_artifact(manifest, manifest.variant("fp32"), tmp_path / "a")  # compile's own check catches it
     # An artifact made without that check (elsewhere, or by an older build) is caught by verify.
-    monkeypatch.setattr("gemma4_port.pipeline.calibrate_golden", lambda folder, logits: load_meta(folder).golden)
+    monkeypatch.setattr("gemma4_port.pipeline.self_test_here", lambda folder: None)
     out = compile_artifact(manifest, manifest.variant("fp32"), tmp_path / "b")
     result = verify(out, "--quick")
     assert result.returncode == 1, result.stdout + result.stderr

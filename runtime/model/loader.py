@@ -1,4 +1,5 @@
-"""Load an artifact directory exactly one way: the server and `build.py verify` both come here."""
+"""Load an artifact directory exactly one way, and prove it with the self-test: the server, compile
+and `build.py verify` all come here."""
 
 from __future__ import annotations
 
@@ -6,10 +7,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from contract.artifact import ArtifactError, ArtifactMeta, check_files, load_meta
+from contract.errors import Gemma4Error
 from contract.hostside import HostInputs, HostTables
+from contract.logit_error import judge_golden
 from contract.tokenizer import load_tokenizer
 
 from .runner import Backend, ModelRunner
+
+
+class SelfTestFailed(Gemma4Error, RuntimeError):
+    pass
 
 
 @dataclass
@@ -21,6 +28,23 @@ class LoadedModel:
 
     def close(self) -> None:
         self.runner.backend.close()
+
+    def self_test(self) -> None:
+        """Every golden prompt of artifact.json through the real graphs, judged against the float
+        reference's best logits that compile stored for each step: the reference's tokens, or a
+        near-tie within the dtype's logit bound, so a server is never failed by luck nor passes
+        garbage. Goldens rotate over the slots so every slot is exercised when there are enough."""
+        meta = self.meta
+        if not meta.golden:
+            raise SelfTestFailed("artifact.json has no golden prompts: nothing proves the output correct")
+        geo = meta.geometry
+        for i, golden in enumerate(meta.golden):
+            slot = i % geo.batch
+            tokens, logits = self.runner.greedy(list(golden.ids), len(golden.tokens), slot)
+            _, problem = judge_golden(golden, tokens, logits, geo.softcap, geo.dtype)
+            if problem:
+                raise SelfTestFailed(f"golden prompt {golden.name!r} (slot {slot}) gave {tokens}, the float "
+                                     f"reference {list(golden.tokens)}: {problem}")
 
 
 def make_backend(folder: Path, meta: ArtifactMeta) -> Backend:

@@ -6,21 +6,26 @@ import json
 import shutil
 from pathlib import Path
 
+from contract.artifact import write_raw
+
 
 def _edited(src: Path, dst: Path, edit) -> Path:
-    """artifact.json is not among the sha256-checked files, so an edited copy still loads."""
+    """A copy with artifact.json edited and its digest made anew, so the edit reaches the check behind it."""
     shutil.copytree(src, dst)
     raw = json.loads((dst / "artifact.json").read_text())
+    raw.pop("digest")
     edit(raw)
-    (dst / "artifact.json").write_text(json.dumps(raw))
+    write_raw(dst, raw)
     return dst
 
 
 def with_wrong_golden(src: Path, dst: Path) -> Path:
-    """A copy whose first golden token is wrong: only the self-test can notice."""
+    """A copy whose first golden step names another token as the reference's best: only the self-test
+    can notice."""
     def edit(raw):
-        tokens = raw["golden"][0]["tokens"]
-        tokens[0] = (tokens[0] + 1) % raw["geometry"]["vocab"]
+        golden = raw["golden"][0]
+        wrong = next(t for t in range(raw["geometry"]["vocab"]) if t not in golden["steps"][0]["ids"])
+        golden["tokens"][0] = golden["steps"][0]["ids"][0] = wrong
 
     return _edited(src, dst, edit)
 
@@ -37,5 +42,26 @@ def with_backend(src: Path, dst: Path, backend: str) -> Path:
     """A copy that says it was compiled for `backend` (the graphs stay what they are)."""
     def edit(raw):
         raw["backend"] = backend
+
+    return _edited(src, dst, edit)
+
+
+def with_rope_scaled(src: Path, dst: Path, factor: float, kind: str = "full") -> Path:
+    """A copy whose rotary frequencies for one attention kind are off by `factor` (a wrong table or
+    scaling rule that bends the logits without flipping a short greedy run)."""
+    def edit(raw):
+        rope = raw["geometry"]["rope"][kind]
+        rope["inv_freq"] = [f * factor for f in rope["inv_freq"]]
+
+    return _edited(src, dst, edit)
+
+
+def with_golden_step(src: Path, dst: Path, prompt: int, step: int, ids: list[int], logits: list[float],
+                     token: int) -> Path:
+    """A copy whose golden prompt `prompt` stores other reference data at `step`."""
+    def edit(raw):
+        golden = raw["golden"][prompt]
+        golden["tokens"][step] = token
+        golden["steps"][step] = {"ids": ids, "logits": logits}
 
     return _edited(src, dst, edit)

@@ -1,0 +1,178 @@
+"""verify judges the logits, not only the argmax: each subtle graph bug planted in a copy of a
+compiled artifact passes a token-for-token check and fails verify, with the reason in its row."""
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from rich.console import Console
+
+from support.artifact_copies import with_rope_scaled
+from contract.artifact import ArtifactError, load_meta
+from contract.logit_error import BOUNDS
+from gemma4_port import model as port
+from gemma4_port.agreement import Case, compare
+from gemma4_port.compile import compile_artifact
+from gemma4_port.manifest import load_manifest
+from gemma4_port.verify import verify_artifact
+from runtime.model.loader import SelfTestFailed, load_artifact
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def verify_json(folder: Path, tmp_path: Path, long: bool = False) -> tuple[int, dict]:
+    out = tmp_path / "verify.json"
+    code = verify_artifact(folder, long=long, console=Console(file=io.StringIO(), width=250), json_out=out)
+    return code, json.loads(out.read_text())
+
+
+def passed_before(report: dict) -> list[dict]:
+    """The rows the old token-for-token check passed: every greedy token equals the reference's."""
+    return [row for row in report["rows"] if row["first_divergence"] is None]
+
+
+def compiled_with(monkeypatch, tmp_path, name: str, variant: str, target, attr: str, planted) -> Path:
+    """A copy of the graph with one bug planted, made without compile's own self-test (as an artifact
+    built elsewhere, or by an older build, would be)."""
+    monkeypatch.setattr(target, attr, planted)
+    monkeypatch.setattr("gemma4_port.pipeline.self_test_here", lambda folder: None)
+    manifest = load_manifest(ROOT / f"manifests/{name}.yaml")
+    return compile_artifact(manifest, manifest.variant(variant), tmp_path / "planted")
+
+
+def test_global_rotary_raised_3_percent_fails_though_every_token_matches(compiled, tmp_path):
+    """The issue's case: float32 tiny-e2b, geometry.rope.full.inv_freq raised by 3%."""
+    code, report = verify_json(with_rope_scaled(compiled("tiny-e2b", "fp32"), tmp_path / "rope", 1.03), tmp_path)
+    assert code == 1 and not report["passed"]
+    bent = [row for row in passed_before(report) if row["verdict"] == "LOGITS"]
+    assert len(bent) >= len(report["rows"]) // 2
+    assert all("max |logit diff|" in row["note"] and "float32 bound" in row["note"] for row in bent)
+    assert max(row["worst"]["max_abs"] for row in bent) > 100 * BOUNDS["float32"].max_abs
+
+
+def test_missed_scale_in_the_graph_fails(compiled, monkeypatch, tmp_path):
+    """The PLE mix without its 2 ** -0.5: a norm after it hides most of the error (1e-3 of the logits)."""
+    def project_ple_unscaled(self, h, ple):
+        B, S, _ = h.shape
+        proj = self.per_layer_model_projection(h) * (self.shard.hidden ** -0.5)  # (B, S, L*P)
+        shard = self.shard
+        return self.per_layer_projection_norm(proj.view(B, S, shard.num_layers, shard.ple_dim)) + ple  # (B, S, L, P)
+
+    folder = compiled_with(monkeypatch, tmp_path, "tiny-e2b", "fp32", port.Gemma4Decoder, "project_ple",
+                           project_ple_unscaled)
+    code, report = verify_json(folder, tmp_path)
+    assert code == 1 and any(row["verdict"] == "LOGITS" for row in passed_before(report))
+
+
+def test_final_norm_in_bf16_fails_a_float32_artifact(compiled, monkeypatch, tmp_path):
+    """A compiler's auto-cast of the final RMSNorm to bf16 in a float32 graph."""
+    def logits_bf16_norm(self, h_last):
+        return self.lm_head(self.norm(h_last.to(torch.bfloat16)).to(h_last.dtype))
+
+    folder = compiled_with(monkeypatch, tmp_path, "tiny-12b", "fp32", port.Gemma4Decoder, "logits", logits_bf16_norm)
+    code, report = verify_json(folder, tmp_path)
+    assert code == 1 and passed_before(report)
+    assert all(row["verdict"] == "LOGITS" for row in passed_before(report))
+
+
+def test_global_rotary_raised_3_percent_fails_a_bf16_artifact(compiled, tmp_path):
+    """bf16 noise hides the bent logits step by step (tiny-12b: max 1.96 against 0.62 when correct, the
+    bound is 4); the mean over every step, against transformers' own bf16 run, does not."""
+    code, report = verify_json(with_rope_scaled(compiled("tiny-12b", "bf16"), tmp_path / "rope", 1.03), tmp_path)
+    assert all(row["verdict"] in ("MATCH", "NEAR-TIE") for row in report["rows"])  # each row alone passes
+    noise = report["bf16_noise"]
+    assert code == 1 and not noise["passed"] and noise["ratio"] > noise["bound"]
+
+
+def test_garbage_fails_every_row_even_where_a_token_matches(compiled, monkeypatch, tmp_path):
+    original = port.Gemma4Decoder.load_weights
+
+    def scrambled(self, reader):
+        original(self, reader)
+        generator = torch.Generator().manual_seed(0)
+        for name, p in self.named_parameters():
+            if p.dim() == 2 and name != "lm_head.weight":
+                p.copy_(p[torch.randperm(p.shape[0], generator=generator)])
+
+    folder = compiled_with(monkeypatch, tmp_path, "tiny-12b", "bf16", port.Gemma4Decoder, "load_weights", scrambled)
+    code, report = verify_json(folder, tmp_path)
+    assert code == 1
+    assert all(row["verdict"] in ("MISMATCH", "LOGITS") for row in report["rows"])
+    assert all("bfloat16 bound" in row["note"] for row in report["rows"])
+    model = load_artifact(folder)
+    try:
+        with pytest.raises(SelfTestFailed, match="golden prompt .* more than the bfloat16 bound"):
+            model.self_test()  # and the server's self-test refuses it
+    finally:
+        model.close()
+
+
+def test_a_logit_bent_without_a_token_flipped_fails_the_row():
+    ref = [torch.tensor([10.0, 9.0, 0.0])] * 2
+    bent = compare(Case("x", [1], 2), [0, 0], [torch.tensor([10.0, 9.01, 0.0])] * 2, [0, 0], ref, None, "float32")
+    assert bent.verdict == "LOGITS" and "step 0: max |logit diff| 0.01 > 0.0005" in bent.note
+    same = compare(Case("x", [1], 2), [0, 0], [torch.tensor([10.0, 9.0001, 0.0])] * 2, [0, 0], ref, None, "float32")
+    assert same.verdict == "MATCH" and same.worst.max_abs == pytest.approx(1e-4, abs=1e-6)
+
+
+def test_json_report_has_every_step(compiled, tmp_path):
+    code, report = verify_json(compiled("tiny-e2b", "fp32"), tmp_path)
+    assert code == 0 and report["passed"] and report["format"] == 1
+    assert report["artifact"]["dtype"] == "float32" and report["bounds"]["max_abs"] == BOUNDS["float32"].max_abs
+    for row in report["rows"]:
+        assert len(row["per_step"]) == row["compared"] == row["steps"]
+        assert set(row["per_step"][0]) == {"step", "device_token", "reference_token", "max_abs", "cosine", "kl", "topk"}
+        assert row["worst"]["max_abs"] == max(s["max_abs"] for s in row["per_step"])
+
+
+# -- artifact.json is guarded like the files it lists --------------------------------------------
+
+def test_an_edited_artifact_json_is_refused_by_name(compiled, tmp_path):
+    folder = tmp_path / "edited"
+    shutil.copytree(compiled("tiny-e2b", "fp32"), folder)
+    raw = json.loads((folder / "artifact.json").read_text())
+    raw["geometry"]["rope"]["full"]["inv_freq"][1] *= 1.03
+    (folder / "artifact.json").write_text(json.dumps(raw, indent=1))
+    for load in (load_meta, load_artifact):  # verify's first step and the server's load path
+        with pytest.raises(ArtifactError, match=r"artifact.json: digest mismatch \(edited or corrupted"):
+            load(folder)
+
+
+def test_a_corrupted_artifact_json_is_refused_by_name(compiled, tmp_path):
+    folder = tmp_path / "corrupted"
+    shutil.copytree(compiled("tiny-e2b", "fp32"), folder)
+    data = bytearray((folder / "artifact.json").read_bytes())
+    data[len(data) // 2] ^= 0x01
+    (folder / "artifact.json").write_bytes(bytes(data))
+    with pytest.raises(ArtifactError, match=r"artifact.json: (digest mismatch|not valid JSON)"):
+        load_artifact(folder)
+
+
+def test_reformatting_artifact_json_keeps_it_valid(compiled, tmp_path):
+    """The digest covers the facts in a canonical form, not the whitespace or key order."""
+    folder = tmp_path / "reformatted"
+    shutil.copytree(compiled("tiny-e2b", "fp32"), folder)
+    raw = json.loads((folder / "artifact.json").read_text())
+    (folder / "artifact.json").write_text(json.dumps(dict(reversed(list(raw.items())))))
+    assert load_meta(folder) == load_meta(compiled("tiny-e2b", "fp32"))
+
+
+def test_golden_steps_come_from_the_reference_alone(compiled):
+    """What the self-test judges by is the float reference's, stored at compile time: no device run
+    goes into it, so a compile where the graphs cannot run (Neuron inside `docker build`) stores the
+    same data."""
+    from gemma4_port.reference import load_reference, reference_greedy
+    from contract.logit_error import GOLDEN_TOP
+
+    meta = load_meta(compiled("tiny-e2b", "bf16"))
+    reference = load_reference(Path(meta.checkpoint))
+    for golden in meta.golden:
+        tokens, logits = reference_greedy(reference, list(golden.ids), len(golden.tokens))
+        assert tuple(tokens) == golden.tokens and len(golden.steps) == len(tokens)
+        for step, row in zip(golden.steps, logits):
+            top = row.topk(GOLDEN_TOP)
+            assert step.ids == tuple(top.indices.tolist()) and step.ids[0] == int(row.argmax())
+            assert step.logits == pytest.approx(top.values.tolist(), abs=1e-6)

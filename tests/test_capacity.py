@@ -51,9 +51,9 @@ def test_device_weights_are_counted_from_the_module(real, name):
 def test_e2b_fits_one_core_with_both_graphs_in_bf16_not_in_fp32(real):
     fp, sizes = plan(real, "e2b", "512-128")
     assert fp.layout.weight_copies == 3  # torch_neuronx.trace: each neff (2 prefill buckets, decode) inlines its copy
-    # KV in bf16: 12 sliding caches (1 head of 256) in a ring of 512 + 512, 3 global (1 head of 512) over 2048
-    kv = 2 * 2 * (12 * 256 * 1024 + 3 * 512 * 2048)
-    assert fp.rank_kv == kv == 25_165_824
+    # KV in bf16: 12 sliding caches (1 head of 256) in a ring of 512 + 512, 3 global (1 head of 512) over 8192
+    kv = 2 * 2 * (12 * 256 * 1024 + 3 * 512 * 8192)
+    assert fp.rank_kv == kv == 62_914_560
     assert fp.per_core == 3 * 2 * DEVICE["e2b"][0] + kv and fp.fits_core
     two_graphs, _ = plan(real, "e2b", "512-128", buckets=(512,))  # the seed's build: one prefill + decode
     assert two_graphs.fits_core
@@ -65,11 +65,11 @@ def test_e2b_fits_one_core_with_both_graphs_in_bf16_not_in_fp32(real):
 
 def test_each_decode_bucket_costs_a_weight_copy_under_trace_and_none_under_model_builder(real):
     one, _ = plan(real, "e2b", "512-128")
-    two, _ = plan(real, "e2b", "512-128", decode_buckets=(512, 2048))
+    two, _ = plan(real, "e2b", "512-128", decode_buckets=(512, 8192))
     assert two.layout.weight_copies == one.layout.weight_copies + 1
     assert two.per_core - one.per_core == 2 * DEVICE["e2b"][0]  # one more bf16 copy of the device weights
     assert not two.fits_core  # E2B: three graphs fit a core, four do not
-    shared, _ = plan(real, "e4b", "tp2-2048", decode_buckets=(512, 2048))
+    shared, _ = plan(real, "e4b", "tp2-2048", decode_buckets=(512, 8192))
     assert shared.layout.weight_copies == 1 and shared.per_core == plan(real, "e4b", "tp2-2048")[0].per_core
 
 
@@ -77,11 +77,11 @@ def test_e4b_does_not_fit_one_core_but_fits_at_tp2(real):
     tp1, sizes = plan(real, "e4b", "tp1-2048")
     assert not tp1.fits_core
     assert not plan(real, "e4b", "tp1-2048", buckets=(512,))[0].fits_core  # even the seed's two graphs in bf16
-    assert fixes(sizes, tp1)[0] == "tp: 2 -> 5.06 GiB per core"
+    assert fixes(sizes, tp1)[0] == "tp: 2 -> 5.11 GiB per core"
     tp2, _ = plan(real, "e4b", "tp2-2048")
     assert tp2.layout.weight_copies == 1  # ModelBuilder's buckets share the weights
-    # KV per rank in bf16: 20 sliding caches (1 of 2 heads, 256) in a ring of 1024, 4 global (1 of 2, 512) over 2048
-    kv = 2 * 2 * (20 * 256 * 1024 + 4 * 512 * 2048)
+    # KV per rank in bf16: 20 sliding caches (1 of 2 heads, 256) in a ring of 1024, 4 global (1 of 2, 512) over 8192
+    kv = 2 * 2 * (20 * 256 * 1024 + 4 * 512 * 8192)
     assert tp2.per_core == 2 * DEVICE["e4b"][1] + kv and tp2.fits_core
 
 
@@ -117,6 +117,13 @@ def test_the_largest_kv_max_is_bounded_by_the_softmax_row_or_the_core(real):
     assert kv_max_limit(sizes, tp1) == "-"  # the weights alone overflow: no kv_max helps
 
 
+@pytest.mark.parametrize("name, variant", [("e2b", "512-128"), ("e2b", "b4"), ("e4b", "tp2-2048"), ("12b", "tp2-2048")])
+def test_the_shipped_long_variants_hold_a_context_of_8192_and_fit(real, name, variant):
+    fp, sizes = plan(real, name, variant)
+    assert fp.variant.kv_max == 8192 and fp.fits_core
+    assert kv_max_limit(sizes, fp) == "49152 SBUF"  # memory would hold more: the lint's bound comes first
+
+
 def test_host_ram_verdicts(real):
     fp, _ = plan(real, "e2b", "512-128")
     assert fp.serve == PROCESS_BYTES + 2 * TABLES["e2b"]  # the slim server: tables only
@@ -145,7 +152,7 @@ def test_plan_prints_the_tables_verdicts_and_fixes():
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "gemma-4-e4b: per NeuronCore" in out and "gemma-4-e4b: host RAM" in out
-    assert "tp1-2048 does not fit a NeuronCore; fixes: tp: 2 -> 5.06 GiB per core" in " ".join(out.split())
+    assert "tp1-2048 does not fit a NeuronCore; fixes: tp: 2 -> 5.11 GiB per core" in " ".join(out.split())
     core = {line.split("│")[1].strip(): line.split("│")[-2].strip() for line in out.splitlines()
             if line.startswith("│") and "%)" in line}  # the per-core table: its last column is "fits"
     assert core == {"tp2-2048": "yes", "tp2-host": "yes", "tp1-2048": "NO"}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""gemma4-inf2 build driver: compile, verify, plan, serve, images, bench.
+"""gemma4-inf2 build driver: compile, verify, plan, serve, images, bench, doctor.
 
 Each subcommand parses its arguments here and hands typed values to one module; errors that a
 user can fix come back as one line on stderr and exit code 2, never as a traceback.
@@ -43,6 +43,12 @@ def _serve(args) -> int:
     from runtime.serve import serve
 
     return serve(Path(args.dir), host=args.host, port=args.port, backend=args.backend)
+
+
+def _doctor(args) -> int:
+    from gemma4_port.doctor import doctor_main
+
+    return doctor_main(args)
 
 
 def _images(args) -> int:
@@ -89,6 +95,13 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--backend", choices=["auto", "cpu", "neuron"], default="auto",
                    help="auto: what the artifact was compiled for; cpu or neuron must match it (default: auto)")
     s.set_defaults(run=_serve)
+
+    d = sub.add_parser("doctor", help="check this inf2 machine against the pins, then compile, verify, serve and "
+                                       "bench every Neuron layout on the tiny manifests; a report to attach")
+    d.add_argument("--json", dest="json_out", help="also write the report as JSON here")
+    d.add_argument("--layouts", help="comma-separated subset of tp1,batch4,tp2-device-prefill,tp2-host-prefill")
+    d.add_argument("--work", help="folder for the artifacts and logs (default: under the cache)")
+    d.set_defaults(run=_doctor)
 
     i = sub.add_parser("images", help="build (and push) the base / slim / tp2-slim images")
     i.add_argument("manifest", help="a manifest YAML file (manifests/*.yaml); its `images` section names the tags")

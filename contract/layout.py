@@ -1,53 +1,56 @@
-"""The Neuron layout of a variant: which SDK call builds its graphs, what runs on the NeuronCores,
-and each device graph's input signature. The build compiles it (gemma4_port/neuron.py), the capacity
-plan budgets it, and the server loads it (runtime/model/neuron.py): one definition for the three.
+"""The Neuron layout of a variant: the keys and buckets of its one NxD ModelBuilder model, the files
+it is saved in, and each device graph's input signature. The build compiles it
+(gemma4_port/neuron.py), the capacity plan budgets it, and the server loads it
+(runtime/model/neuron.py): one definition for the three.
 
-- `trace` (tp 1): one torch_neuronx.trace neff per graph (a prefill per bucket, a decode per KV bucket),
-  each with its own inlined copy of the weights.
-- `model_builder` (tp 2, device prefill): NxD ModelBuilder compiles the prefill buckets and the decode
-  buckets as one model that shares its weights and its aliased KV state.
-- `parallel_trace` (tp 2, host prefill): NxD parallel_model_trace of decode alone, KV aliased; the
-  prompt runs through a CPU prefill of the whole model whose KV is split per rank as HOST_KV says.
+Every variant is one ModelBuilder model: a `prefill` key (a bucket per prompt length) and a `decode`
+key (a bucket per KV length) that share one copy of the weights per core and the KV as aliased
+state. With `prefill: host` the model is the decode key alone; the prompt runs through a CPU
+prefill of the whole model whose KV the host writes into the state, split per rank as HOST_KV says.
 """
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
-from .artifact import Geometry
+from .artifact import ArtifactError, Geometry
 from .dtypes import DTYPES
 
 HOST_KV = "graphs/host_kv.json"  # {"kv_heads": [[[start, count] per rank] per KV tensor]}
+NXD_MODEL = "graphs/nxd_model.pt"  # the traced ModelBuilder model (neffs, no weights), saved with torch.jit.save
 NXD_WEIGHTS = "weights/tp{rank}_sharded_checkpoint.safetensors"  # ModelBuilder.shard_checkpoint's names
+KV_STATE = "kv.{index}"  # the model's state key of KV tensor `index`: its name in the traced module (DeviceKV)
 
 
 @dataclass(frozen=True)
 class NeuronLayout:
-    builder: Literal["trace", "model_builder", "parallel_trace"]
     tp: int
     device_graphs: tuple[str, ...]  # "prefill_<bucket>" ... "decode_<keys>" ...: what runs on the NeuronCores
     host_prefill: bool
 
     @property
-    def weight_copies(self) -> int:
-        """Copies of a rank's weights on its core: a neff from torch_neuronx.trace inlines its own."""
-        return len(self.device_graphs) if self.builder == "trace" else 1
+    def keys(self) -> dict[str, tuple[str, ...]]:
+        """ModelBuilder's keys and their buckets, in the order they are added: prefill before decode,
+        as NxD Inference adds context encoding before token generation."""
+        out: dict[str, tuple[str, ...]] = {}
+        for name in self.device_graphs:
+            key = name.partition("_")[0]
+            out[key] = out.get(key, ()) + (name,)
+        return out
 
     @property
     def compile_jobs(self) -> int:
-        """neuronx-cc runs at once: trace compiles one graph at a time, parallel_model_trace one per
-        rank, ModelBuilder every graph of the (SPMD) model in parallel."""
-        return {"trace": 1, "parallel_trace": self.tp, "model_builder": len(self.device_graphs)}[self.builder]
+        """neuronx-cc runs at once: ModelBuilder compiles every bucket of every key in parallel."""
+        return len(self.device_graphs)
 
 
 def neuron_layout(tp: int, prefill: str, buckets: tuple[int, ...], decode_buckets: tuple[int, ...]) -> NeuronLayout:
     host = prefill == "host"
     graphs = (() if host else tuple(f"prefill_{b}" for b in buckets)) + tuple(f"decode_{t}" for t in decode_buckets)
-    builder = "trace" if tp == 1 else "parallel_trace" if host else "model_builder"
-    return NeuronLayout(builder, tp, graphs, host)
+    return NeuronLayout(tp, graphs, host)
 
 
 def signature(geo: Geometry, graph: str, bucket: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
@@ -63,3 +66,38 @@ def signature(geo: Geometry, graph: str, bucket: int) -> list[tuple[str, tuple[i
     shapes |= {f"rows_{kind}": (queries, 2, min(keys, geo.span(kind))) for kind in geo.kinds}
     dtype = DTYPES[geo.dtype]
     return [(n, shapes[n], dtype) for n in geo.inputs[graph] if not n.startswith("kv")]
+
+
+# -- where the ranks run ------------------------------------------------------------------------
+
+class NeuronPlacementError(ArtifactError):
+    pass
+
+
+def visible_cores(env=os.environ) -> tuple[int, ...] | None:
+    """The absolute NeuronCore ids this process owns, from NEURON_RT_VISIBLE_CORES as the runtime
+    reads it ("0", "0,1", "4-5"; set by the user or for the cores a device plugin allocated); None
+    when unset: the runtime then takes every core of the machine."""
+    raw = env.get("NEURON_RT_VISIBLE_CORES", "").strip()
+    if not raw:
+        return None
+    cores = []
+    for part in raw.split(","):
+        first, _, last = part.strip().partition("-")
+        if not first.isdigit() or not (last or first).isdigit() or int(last or first) < int(first):
+            raise NeuronPlacementError(f"NEURON_RT_VISIBLE_CORES={raw!r}: {part!r} is not a core id or a range "
+                                       "like 0, 0,1 or 4-5")
+        cores += range(int(first), int(last or first) + 1)
+    return tuple(cores)
+
+
+def rank_cores(tp: int, env=os.environ) -> tuple[int, ...] | None:
+    """The cores rank 0 .. tp-1 run on: the first `tp` the process sees (NxD puts rank r's state on
+    the r-th visible core, spmd.py StateInitializer). Refuses a process that sees fewer than `tp`."""
+    cores = visible_cores(env)
+    if cores is None:
+        return None
+    if len(cores) < tp:
+        raise NeuronPlacementError(f"this artifact has {tp} ranks, one per NeuronCore, but NEURON_RT_VISIBLE_CORES="
+                                   f"{env['NEURON_RT_VISIBLE_CORES']} gives the process {len(cores)}: give it {tp} cores")
+    return cores[:tp]

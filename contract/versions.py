@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata as md
+import logging
 import shutil
 import subprocess
+from pathlib import Path
 
 from .artifact import ArtifactError
 from .errors import Gemma4Error
 
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
 RUNTIME_PACKAGE = "aws-neuronx-runtime-lib"  # libnrt, from the Neuron apt/yum repository
+SYSTEM_PACKAGES = (RUNTIME_PACKAGE, "aws-neuronx-collectives", "aws-neuronx-tools")  # apt, inside the image
+DRIVER_VERSION_FILE = Path("/sys/module/neuron/version")  # the loaded driver (modinfo shows the file on disk)
+log = logging.getLogger(__name__)
 NEURON_PACKAGES = ("neuronx-cc", "torch-neuronx", "neuronx-distributed")  # the wheels a neff depends on
 
 
@@ -40,10 +45,10 @@ def require(module: str, package: str, version: str | None = None):
         ) from None
 
 
-def runtime_version() -> str | None:
-    """The installed Neuron runtime library (a system package, not a wheel), when a package manager knows it."""
-    for tool, args in (("dpkg-query", ["-W", "-f=${Version}", RUNTIME_PACKAGE]),
-                       ("rpm", ["-q", "--qf", "%{VERSION}-%{RELEASE}", RUNTIME_PACKAGE])):
+def system_package_version(package: str = RUNTIME_PACKAGE) -> str | None:
+    """An installed Neuron system package (not a wheel), when a package manager knows it."""
+    for tool, args in (("dpkg-query", ["-W", "-f=${Version}", package]),
+                       ("rpm", ["-q", "--qf", "%{VERSION}-%{RELEASE}", package])):
         if shutil.which(tool):
             done = subprocess.run([tool, *args], capture_output=True, text=True, check=False)
             if done.returncode == 0 and done.stdout.strip():
@@ -59,15 +64,51 @@ def installed_versions(packages: tuple[str, ...] = NEURON_PACKAGES) -> dict[str,
             out[pkg] = md.version(pkg)
         except md.PackageNotFoundError:
             pass
-    rt = runtime_version()
+    rt = system_package_version()
     if rt:
         out[RUNTIME_PACKAGE] = rt
     return out
 
 
 def matches_pin(pin: str, installed: str) -> bool:
-    """A manifest pin names a release prefix: "2.8.0" admits torch-neuronx 2.8.0.2.10.16998, not 2.8.1."""
-    return installed == pin or installed.startswith((pin + ".", pin + "+"))
+    """A manifest pin names one build, exactly: torch-neuronx 2.8.0.2.12.22436 is SDK 2.28's, while
+    a prefix like 2.8.0 would also admit SDK 2.26's and 2.27's builds. A wheel may carry a local label
+    (neuronx-cc 2.23.6484.0+3b612583) and a Debian package a revision (2.30.51.0-0d3ac3dfc): the
+    version they qualify is what must match."""
+    return installed.partition("+")[0].partition("-")[0] == pin
+
+
+def driver_version(path: Path = DRIVER_VERSION_FILE) -> str | None:
+    """The Neuron driver the host kernel runs (aws-neuronx-dkms), or None when none is loaded."""
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in version.partition("-")[0].split(".") if p.isdigit())
+
+
+def driver_problem(required: str | None, found: str | None) -> str | None:
+    """One line when the host driver is missing or older than the SDK release needs, else None."""
+    if not required:
+        return None
+    if found is None:
+        return (f"no Neuron driver is loaded ({DRIVER_VERSION_FILE} is missing): install aws-neuronx-dkms "
+                f">= {required} on the host")
+    if _release(found) < _release(required):
+        return (f"the host's Neuron driver is {found}, older than the {required} this SDK release needs: "
+                "update aws-neuronx-dkms on the host (the runtime may refuse it or fail on load)")
+    return None
+
+
+def check_driver(required: str | None, path: Path = DRIVER_VERSION_FILE) -> str | None:
+    """Say at start-up, as a warning, when the host driver is older than the pins need."""
+    problem = driver_problem(required, driver_version(path))
+    if problem:
+        log.warning(problem)
+    return problem
 
 
 def pin_problems(pins: dict[str, str], installed: dict[str, str]) -> list[str]:

@@ -2,11 +2,11 @@
 
 Bytes are counted from the real device module, each rank's Gemma4Decoder built from the sharding
 plan on the meta device, not from marketing parameter counts ("E2B" keeps 2.3B parameters on the
-device, "E4B" 4.6B). The layout decides how many copies a core holds (runtime/neuron_backend.py):
-torch_neuronx.trace inlines the weights into every neff, so a tp 1 core holds one copy per graph;
-ModelBuilder's buckets share one. Host RAM: the slim server keeps the word and PLE tables; the
-one-time graph load reads every neff or weight file through host memory; the compile is an
-estimate (see COMPILER_RAM_PER_WEIGHT).
+device, "E4B" 4.6B). Every variant is one NxD ModelBuilder model (runtime/neuron_backend.py): a core
+holds one copy of its rank's weights, shared by every prefill and decode bucket, and its KV state.
+Host RAM: the slim server keeps the word and PLE tables (and the whole model's prefill when the
+prefill runs on the host); the one-time load reads every rank's weight file through host memory;
+the compile is an estimate (see COMPILER_RAM_PER_WEIGHT).
 """
 
 from __future__ import annotations
@@ -91,12 +91,12 @@ class Footprint:
 
     @property
     def per_core(self) -> int:
-        return self.rank_weights * self.layout.weight_copies + self.rank_kv
+        return self.rank_weights + self.rank_kv
 
     @property
     def host_prefill(self) -> int:
-        """TorchScript prefill graphs on the host, one per bucket, each with its own copy of the weights."""
-        return len(self.variant.buckets) * self.whole_weights if self.layout.host_prefill else 0
+        """The host's TorchScript prefill: one module whose bucket methods share the whole model's weights."""
+        return self.whole_weights if self.layout.host_prefill else 0
 
     @property
     def serve(self) -> int:
@@ -104,8 +104,8 @@ class Footprint:
 
     @property
     def load_peak(self) -> int:
-        """Every neff (weights inlined) or weight file passes through host memory on its way to a core."""
-        return self.serve + self.layout.tp * self.per_core
+        """Every rank's weight file is read into host memory before initialize() copies it to its core."""
+        return self.serve + self.layout.tp * self.rank_weights
 
     @property
     def compile_peak(self) -> int:
@@ -154,7 +154,7 @@ def largest_kv_max(sizes: ModelSizes, fp: Footprint) -> int | None:
     # The sliding rings are a fixed cost; each further position costs one row of every global cache.
     fixed = size * max(sizes.kv(v.tp, r, v.batch, 0, ring) for r in range(v.tp))
     per_token = size * max(sizes.kv(v.tp, r, v.batch, 1, ring) for r in range(v.tp)) - fixed
-    room = CORE_GIB * GIB - fp.rank_weights * fp.layout.weight_copies - fixed
+    room = CORE_GIB * GIB - fp.rank_weights - fixed
     kv_max = (room // per_token) // 128 * 128 if room > 0 else 0
     return kv_max if kv_max > fp.variant.buckets[-1] else None
 
@@ -207,21 +207,19 @@ SHORT = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def describe(layout: NeuronLayout) -> str:
-    if layout.host_prefill:
-        return "decode (host prefill)"
     n = len(layout.device_graphs)
-    return f"{n} neffs" if layout.builder == "trace" else f"{n} buckets"
+    return f"{n} decode (host prefill)" if layout.host_prefill else f"{n} buckets"
 
 
 def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> None:
     core = Table(title=f"{manifest.name}: per NeuronCore ({CORE_GIB} GiB), GiB")
-    for col in ("variant", "tp", "dtype", "batch x kv_max", "ring", "graphs", "weights", "copies", "KV",
+    for col in ("variant", "tp", "dtype", "batch x kv_max", "ring", "graphs", "weights", "KV",
                 "kv_max up to", "per core", "fits"):
         core.add_column(col)
     for fp in fps:
         v = fp.variant
         core.add_row(v.name, str(v.tp), SHORT[v.dtype], f"{v.batch} x {v.kv_max}", str(sizes.ring(v)),
-                     describe(fp.layout), gib(fp.rank_weights), str(fp.layout.weight_copies), gib(fp.rank_kv),
+                     describe(fp.layout), gib(fp.rank_weights), gib(fp.rank_kv),
                      kv_max_limit(sizes, fp), f"{gib(fp.per_core)} ({100 * fp.per_core / (CORE_GIB * GIB):.0f}%)",
                      "yes" if fp.fits_core else "[bold red]NO[/]")
     console.print(core)
@@ -239,10 +237,9 @@ def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Fo
     m = sizes.shard(1, 0)
     whole, lm_head = sizes.weights(1, 0), m.vocab * m.hidden
     console.print(
-        "graphs: neffs = torch_neuronx.trace, one per prefill bucket and decode, each with its own inlined "
-        "weights (copies); buckets = one NxD ModelBuilder model whose prefill buckets and decode share the "
-        "weights; decode = decode alone on the cores (NxD parallel_model_trace at tp 2), the prompt prefilled on "
-        "the host CPU.\n"
+        "graphs: one NxD ModelBuilder model per variant, its prefill and decode buckets sharing one copy of each "
+        "rank's weights per core; with host prefill the model is decode alone and the prompt is prefilled on the "
+        "host CPU.\n"
         "Counted on a core: every parameter and buffer of the rank's device graph (Gemma4Decoder of the "
         "sharding plan, built on the meta device): the decoder layers, lm_head (the tied embedding, copied "
         f"to the device), the PLE projection; plus the KV buffers: kv_max positions for a global layer, a ring "
@@ -253,7 +250,7 @@ def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Fo
         f"half, as lm_head ({gib(2 * lm_head)} GiB bf16), norms and replicated K/V sit on both cores. Not "
         "counted: activations, neff instructions, runtime scratch (keep headroom).\n"
         f"Host: serve = process ({gib(PROCESS_BYTES)}) + word and PLE tables ({sizes.host_tables() / 1e9:.2f}B "
-        "elements) + host prefill graphs (whole model per bucket); first load = serve + every neff or weight "
+        "elements) + the host prefill (the whole model, once); first load = serve + every rank's weight "
         f"file on its way to the cores (a swap file covers it); compile = an estimate calibrated on the seed's "
         f"12B TP=2 build; build swap = what it needs on {BUILD_HOST.name} ({BUILD_HOST.host_gib} GiB)."
     )

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from contract.errors import Gemma4Error
+from contract.versions import SYSTEM_PACKAGES
 
 from . import ROOT
 from .manifest import Manifest
@@ -39,16 +40,10 @@ SERVER_UID = 10001  # numeric, so Kubernetes' runAsNonRoot can check it without 
 START_PERIOD = {"neuron": "10m", "cpu": "2m"}
 
 NEURON_APT_REPO = "https://apt.repos.neuron.amazonaws.com"
-# The Neuron runtime's apt packages by SDK release, exactly (the inf2 packages of each release in
-# aws-neuron-sdk's src/helperscripts/n2-manifest.json). The repository's versions carry a build suffix
-# ("2.25.57.0-<hash>"), hence the "-*".
-NEURON_APT_VERSIONS = {
-    "2.23": {"aws-neuronx-runtime-lib": "2.25.57.0", "aws-neuronx-collectives": "2.25.65.0",
-             "aws-neuronx-tools": "2.23.9.0"},
-}
 # Ubuntu 22.04's own packages for the neuron base, pinned to the series it ships (its security updates
 # move within them).
 OS_APT_PINS = {"ca-certificates": "2024*", PYTHON["neuron"]: "3.11.*", f"{PYTHON['neuron']}-venv": "3.11.*"}
+
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
@@ -209,18 +204,17 @@ def _base_spec(manifest: Manifest, options: ImageOptions, repository: str, tag: 
         if weights == "copy":
             context.append(("checkpoint", "checkpoint"))
         source = manifest.model.source or ""
-        if tc.neuron_sdk not in NEURON_APT_VERSIONS:
-            raise ImageError(f"plan: no apt versions of the Neuron runtime are known for toolchain.neuron_sdk "
-                             f"{tc.neuron_sdk!r}; known: {', '.join(NEURON_APT_VERSIONS)} (imageplan.NEURON_APT_VERSIONS)")
         values.update(
             weights_mode=weights,
             neuron_apt_repo=NEURON_APT_REPO,
-            neuron_apt=" ".join(f"{p}={v}-*" for p, v in NEURON_APT_VERSIONS[tc.neuron_sdk].items()),
             os_apt=" ".join(f"{p}={v}" for p, v in OS_APT_PINS.items()),
             torch=".".join(tc.torch_neuronx.split(".")[:2]) + ".*",  # torch-neuronx X.Y.* runs on torch X.Y
-            neuron_pins=" ".join(f'"{p}=={v}.*"' for p, v in (
+            neuron_pins=" ".join(f'"{p}=={v}"' for p, v in (
                 ("neuronx-cc", tc.neuronx_cc), ("torch-neuronx", tc.torch_neuronx),
                 ("neuronx-distributed", tc.neuronx_distributed))),
+            # The manifest's exact builds; a Neuron Debian version carries a -<revision> ("2.30.51.0-<hash>").
+            neuron_apt=" ".join(f"{p}={v}-*" for p, v in zip(SYSTEM_PACKAGES, (
+                tc.neuron_runtime, tc.neuron_collectives, tc.neuron_tools), strict=True)),
             model_source=source, model_revision=manifest.model.revision or "main",
             hf_cache_dir=f"/opt/hf/hub/models--{source.replace('/', '--')}",
             swap_comments="\n".join(f"#   {swap_advice(v, swap.get(v))}" for v in variants),

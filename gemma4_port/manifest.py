@@ -47,15 +47,26 @@ class ModelSource(Frozen):
         return self
 
 
+BUILD = r"^\d+(\.\d+){%d}$"  # a full build number: a release prefix would admit several SDKs
+
+
 class Toolchain(Frozen):
+    """One Neuron SDK release, every component at its exact build (the release's entry in aws-neuron-sdk
+    src/helperscripts/n2-manifest.json): the wheels, the apt packages of the image, the oldest host
+    driver (aws-neuronx-dkms) it runs on, and the neuronx-cc flags."""
+
     neuron_sdk: str
-    torch_neuronx: str
-    neuronx_cc: str
-    neuronx_distributed: str
+    torch_neuronx: str = Field(pattern=BUILD % 5, description="e.g. 2.8.0.2.12.22436 (torch 2.8.0, SDK build)")
+    neuronx_cc: str = Field(pattern=BUILD % 3, description="e.g. 2.23.6484.0")
+    neuronx_distributed: str = Field(pattern=BUILD % 2, description="e.g. 0.17.26814")
+    neuron_runtime: str = Field(pattern=BUILD % 3, description="apt aws-neuronx-runtime-lib")
+    neuron_collectives: str = Field(pattern=BUILD % 3, description="apt aws-neuronx-collectives")
+    neuron_tools: str = Field(pattern=BUILD % 3, description="apt aws-neuronx-tools")
+    neuron_driver: str = Field(pattern=BUILD % 3, description="the oldest host aws-neuronx-dkms the release supports")
     transformers: str
-    compiler_args: tuple[str, ...] = (
-        "--model-type", "transformer", "--auto-cast", "all", "--auto-cast-type", "bf16",
-    )
+    # NxD ModelBuilder's own defaults (model_builder.py append_default_compiler_flags), which NxD
+    # Inference also passes for bf16 weights: --auto-cast=none keeps the float32 the graph asks for.
+    compiler_args: tuple[str, ...] = ("--enable-saturate-infinity", "--auto-cast=none", "--model-type=transformer", "-O1")
 
 
 class Variant(Frozen):
@@ -87,9 +98,6 @@ class Variant(Frozen):
         if kv and (kv != sorted(set(kv)) or kv[0] < 1 or kv[-1] != self.kv_max):
             raise ValueError(f"decode_buckets must be positive, strictly increasing and end at kv_max "
                              f"({self.kv_max}), got {kv}")
-        if len(kv) > 1 and self.tp > 1 and self.prefill == "host":
-            raise ValueError("decode_buckets needs prefill: device when tp > 1 (a host-prefill tp variant "
-                             "compiles one decode graph with parallel_model_trace)")
         return self
 
 

@@ -1,14 +1,17 @@
 """`build.py compile --backend neuron`: the device graphs compiled for the NeuronCores.
 
-The layout of a variant (contract/layout.py) picks the SDK call: torch_neuronx.trace per
-graph at tp 1, NxD ModelBuilder (prefill buckets + decode, shared weights) at tp 2, NxD
-parallel_model_trace of decode alone when the prefill runs on the host. In all three the KV buffers
-are module state aliased to the outputs that update them (DeviceKV), so the cache never leaves the
-device; at tp 2 the sharding plan's split linears become NxD parallel layers (nxd_plan).
+Every variant goes through NxD ModelBuilder, as NxD Inference builds its models: the prefill
+buckets and the decode buckets are keys of one model (decode alone when the prefill runs on the
+host), so each core holds one copy of its rank's weights for all of them, and the KV buffers are
+module state aliased to the outputs that update them (DeviceKV), so the cache never leaves the
+device. ModelBuilder traces rank 0 under a mocked distributed setup (no NeuronCore, no process
+group: it runs inside `docker build`), lowers the weights as inputs, and shards the checkpoint into
+one file per rank; at tp 2 the sharding plan's split linears become NxD parallel layers (nxd_plan).
 
-The pure pieces are tested on the CPU. The SDK is imported lazily, after `load_sdk` has named any
-missing package in one line; neuronx-cc must match the manifest's toolchain pins, and the versions
-used are recorded in artifact.json for the loader's check (contract/versions.py).
+The pure pieces are tested on the CPU, the SDK calls against a stand-in built from the SDK's source
+(tests/support/neuron_sdk). The SDK is imported lazily, after `load_sdk` has named any missing
+package in one line; its builds must be the manifest's exact pins, and they are recorded in
+artifact.json for the loader's check (contract/versions.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from torch import nn
 from contract.artifact import Geometry
 from contract.dtypes import DTYPES
 from contract.hostside import HostInputs
-from contract.layout import HOST_KV, NeuronLayout, neuron_layout, signature
+from contract.layout import HOST_KV, NXD_MODEL, NeuronLayout, neuron_layout, signature
 from contract.versions import installed_versions, pin_problems, require
 
 from .checkpoint import CheckpointReader, cache_root
@@ -45,7 +48,8 @@ DECODER = "graph.decoder."  # where Gemma4Decoder's tensors sit inside a DeviceK
 class DeviceKV(nn.Module):
     """A flat graph whose KV buffers are module state: the inputs omit them, the outputs are still
     (logits, *new_kv), and `aliases()` maps each buffer to the output holding its update, so the
-    compiled graph writes it in place on the device."""
+    compiled graph writes it in place on the device. ModelBuilder names the state by the buffers'
+    module names, "kv.0", "kv.1", ... (KV_STATE): the server reads and writes them under those."""
 
     def __init__(self, graph: nn.Module, shapes, dtype: torch.dtype):
         super().__init__()
@@ -192,12 +196,13 @@ def to_nxd(decoder: Gemma4Decoder, plan: list[NxdLinear], dtype: torch.dtype) ->
 
 
 class RankGraph:
-    """This rank's graph, built inside an NxD tracer that knows the rank: the rank's shard with its
-    split linears as NxD layers and its KV as aliased state. parallel_model_trace calls it (pickled,
-    in a process per rank); ModelBuilder calls load_module() and get()."""
+    """A ModelBuilder model instance: load_module() builds the graph of the rank that NxD's
+    parallel_state names (rank 0 of the mocked setup while tracing; check_spmd made every rank's graph
+    the same), its split linears as NxD layers and its buffers from the checkpoint; get() returns it
+    with its KV aliases. ModelBuilder feeds the parameters from full_checkpoint, cut per rank."""
 
-    def __init__(self, ckpt: Path, config, variant: Variant, graph: str, with_weights: bool):
-        self.ckpt, self.config, self.variant, self.graph, self.with_weights = ckpt, config, variant, graph, with_weights
+    def __init__(self, ckpt: Path, config, variant: Variant, graph: str):
+        self.ckpt, self.config, self.variant, self.graph = ckpt, config, variant, graph
 
     def load_module(self) -> None:
         from neuronx_distributed.parallel_layers import parallel_state
@@ -205,32 +210,24 @@ class RankGraph:
         v, dtype = self.variant, DTYPES[self.variant.dtype]
         shard = shard_model(self.config, v.tp, parallel_state.get_tensor_model_parallel_rank())
         decoder = empty_decoder(shard, dtype)
-        to_nxd(decoder, nxd_plan(shard), dtype)
-        reader = CheckpointReader(self.ckpt)
-        if self.with_weights:
-            decoder.load_weights(reader)  # inlined into this rank's neff: only its slices are read
-        else:
-            load_buffers(decoder, reader)  # ModelBuilder feeds the parameters from full_checkpoint
+        if v.tp > 1:
+            to_nxd(decoder, nxd_plan(shard), dtype)
+        load_buffers(decoder, CheckpointReader(self.ckpt))
         ring = ring_size(shard.sliding_window, v.kv_max, v.buckets)
         self.module = DeviceKV(GRAPHS[self.graph](decoder), kv_shapes(shard, v.batch, v.kv_max, ring), dtype).eval()
 
     def get(self, bucket_rank: int, **_) -> tuple[DeviceKV, dict]:
         return self.module, self.module.aliases()
 
-    def __call__(self) -> tuple[DeviceKV, dict]:
-        self.load_module()
-        return self.get(0)
-
 
 # -- the compile ---------------------------------------------------------------------------------
 
-def load_sdk(toolchain: Toolchain, layout: NeuronLayout) -> dict[str, str]:
-    """Import what the layout needs or stop with one line naming the first missing package; refuse
-    versions other than the manifest's pins. Returns the versions to record in artifact.json."""
+def load_sdk(toolchain: Toolchain) -> dict[str, str]:
+    """Import the SDK or stop with one line naming the first missing package; refuse builds other
+    than the manifest's pins. Returns the versions to record in artifact.json."""
     needed = [("torch_neuronx", "torch-neuronx", toolchain.torch_neuronx),
-              ("neuronxcc", "neuronx-cc", toolchain.neuronx_cc)]
-    if layout.builder != "trace":
-        needed.append(("neuronx_distributed", "neuronx-distributed", toolchain.neuronx_distributed))
+              ("neuronxcc", "neuronx-cc", toolchain.neuronx_cc),
+              ("neuronx_distributed", "neuronx-distributed", toolchain.neuronx_distributed)]
     for module, package, pin in needed:
         require(module, package, pin)
     installed = installed_versions(tuple(package for _, package, _ in needed))
@@ -263,78 +260,55 @@ class _Build:
         args = list(self.manifest.toolchain.compiler_args)
         return args if any(a.startswith("--target") for a in args) else [*args, "--target", "inf2"]
 
-    def jobs(self, decoder: Gemma4Decoder) -> list[tuple[str, DeviceKV, tuple]]:
-        """Each device graph around `decoder`, with its example inputs, checked and linted."""
-        out = []
-        for name in self.layout.device_graphs:
-            module = DeviceKV(GRAPHS[graph_of(name)[0]](decoder), self.geo.kv_shapes, self.dtype).eval()
-            inputs = graph_inputs(self.host, self.geo, name)
-            check_inputs(inputs, self.geo, name)
-            check_traced(trace_quietly(torch.jit.trace, module, inputs), name, self.geo.vocab)
-            out.append((name, module, inputs))
+    def examples(self) -> dict[str, list[tuple[torch.Tensor, ...]]]:
+        """Each ModelBuilder key's bucket example inputs, checked against the signatures and linted
+        on rank 0's graph (check_spmd made it every rank's; its values do not matter to the lint)."""
+        decoder = empty_decoder(shard_model(self.config, self.variant.tp, 0), self.dtype)
+        out = {}
+        for key, names in self.layout.keys.items():
+            module = DeviceKV(GRAPHS[key](decoder), self.geo.kv_shapes, self.dtype).eval()
+            out[key] = []
+            for name in names:
+                inputs = graph_inputs(self.host, self.geo, name)
+                check_inputs(inputs, self.geo, name)
+                check_traced(trace_quietly(torch.jit.trace, module, inputs), name, self.geo.vocab)
+                out[key].append(inputs)
         return out
 
 
-def _trace(b: _Build, jobs) -> dict[str, str]:
-    import torch_neuronx
-
-    graphs = {}
-    for name, module, inputs in jobs:
-        # cpu_backend: the trace itself needs no NeuronCore, so any host with the RAM can build.
-        traced = torch_neuronx.trace(module, inputs, input_output_aliases=module.aliases(),
-                                     compiler_workdir=str(b.workdir / name), compiler_args=b.compiler_args,
-                                     cpu_backend=True)
-        rel = f"graphs/{name}.pt"
-        torch.jit.save(traced, str(b.out / rel))
-        graphs[name] = rel
-    return graphs
-
-
-def _model_builder(b: _Build, jobs) -> dict[str, str]:
+def _model_builder(b: _Build, examples: dict[str, list[tuple]]) -> dict[str, str]:
     from neuronx_distributed.trace.model_builder import ModelBuilder
 
     builder = ModelBuilder(router=None, tp_degree=b.variant.tp, compiler_workdir=str(b.workdir),
                            checkpoint_loader=partial(full_checkpoint, b.ckpt, b.config, b.dtype))
-    for graph in ("prefill", "decode"):  # one model, two keys: they share weights and KV state
-        builder.add(key=graph, model_instance=RankGraph(b.ckpt, b.config, b.variant, graph, with_weights=False),
-                    example_inputs=[inputs for name, _, inputs in jobs if graph_of(name)[0] == graph],
+    for key, inputs in examples.items():  # one model, a key per graph: they share weights and KV state
+        builder.add(key=key, model_instance=RankGraph(b.ckpt, b.config, b.variant, key), example_inputs=inputs,
                     compiler_args=" ".join(b.compiler_args))
     model = builder.trace(initialize_model_weights=False)  # no NeuronCore needed on the build host
-    torch.jit.save(model, str(b.out / "graphs/nxd_model.pt"))  # TorchScript's save, not an NxD one
+    torch.jit.save(model, str(b.out / NXD_MODEL))  # TorchScript's save, as NxD Inference saves it
     builder.shard_checkpoint(serialize_path=str(b.out / "weights"))
-    return {"model": "graphs/nxd_model.pt"}
-
-
-def _parallel_trace(b: _Build, jobs) -> dict[str, str]:
-    from neuronx_distributed.trace import parallel_model_save, parallel_model_trace
-
-    (name, _, inputs), = jobs  # one decode graph alone (the manifest refuses more with host prefill)
-    model = parallel_model_trace(RankGraph(b.ckpt, b.config, b.variant, "decode", with_weights=True), inputs,
-                                 tp_degree=b.variant.tp, compiler_workdir=str(b.workdir),
-                                 compiler_args=b.compiler_args)
-    parallel_model_save(model, str(b.out / f"graphs/{name}"))
-    return {name: f"graphs/{name}"}
+    return {"model": NXD_MODEL}
 
 
 def _host_prefill(b: _Build, whole: Gemma4Decoder, shards: list[ModelShard]) -> dict[str, str]:
-    """CPU TorchScript prefill of the whole model, and which KV heads each rank's buffers take."""
+    """CPU TorchScript prefill of the whole model, a method per bucket sharing one copy of the
+    weights, and which KV heads each rank's state takes."""
     geo = geometry(b.config, whole.shard, b.variant)
     host = HostInputs(geo, b.host.tables)
-    graphs = {}
+    graphs = nn.Module()
+    graphs.prefill = PrefillGraph(whole).eval()
     for bucket in geo.buckets:
-        traced = torch.jit.trace(PrefillGraph(whole).eval(), example_inputs(host, geo, "prefill", bucket),
-                                 check_trace=False)
-        graphs[f"host_prefill_{bucket}"] = rel = f"graphs/host_prefill_{bucket}.pt"
-        torch.jit.save(traced, str(b.out / rel))
+        setattr(graphs, f"prefill_{bucket}", graphs.prefill.forward)  # trace_module traces methods by name
+    traced = trace_quietly(torch.jit.trace_module, graphs, {
+        f"prefill_{bucket}": example_inputs(host, geo, "prefill", bucket) for bucket in geo.buckets})
+    rel = "graphs/host_prefill.pt"
+    torch.jit.save(traced, str(b.out / rel))
     (b.out / HOST_KV).write_text(json.dumps({"kv_heads": kv_head_ranges(shards)}) + "\n")
-    return graphs
-
-
-BUILDERS = {"trace": _trace, "model_builder": _model_builder, "parallel_trace": _parallel_trace}
+    return {"host_prefill": rel}
 
 
 class NeuronGraphs:
-    """The device graphs of a variant's layout, compiled by neuronx-cc."""
+    """The variant's ModelBuilder model, compiled by neuronx-cc (and the host prefill, if any)."""
 
     backend = "neuron"
 
@@ -343,30 +317,26 @@ class NeuronGraphs:
         self.layout = neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets)
 
     def check(self) -> dict[str, str]:
-        # neuronx-cc keys its cache by HLO hash: an unchanged graph is not compiled twice.
+        # ModelBuilder compiles through neuron_xla_compile with its persistent cache, keyed by the HLO
+        # and the flags: an unchanged graph is not compiled twice.
         os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(cache_root() / "neuron-compile-cache"))
-        return load_sdk(self.manifest.toolchain, self.layout)  # before any work: a missing SDK fails at once
+        return load_sdk(self.manifest.toolchain)  # before any work: a missing SDK fails at once
 
     def graphs(self, start: Build, progress) -> dict[str, str]:
         manifest, variant, layout = self.manifest, self.variant, self.layout
-        config, reader, shards, geo = start.config, start.reader, start.shards, start.geo
-        check_spmd(shards)
-        b = _Build(manifest, variant, layout, start.ckpt, config, geo, HostInputs(geo, start.tables), start.out,
-                   cache_root() / "neuron-workdir" / f"{manifest.name}-{variant.name}")
-        whole = None
+        check_spmd(start.shards)
+        b = _Build(manifest, variant, layout, start.ckpt, start.config, start.geo, HostInputs(start.geo, start.tables),
+                   start.out, cache_root() / "neuron-workdir" / f"{manifest.name}-{variant.name}")
         graphs = {}
-        if variant.tp == 1 or layout.host_prefill:
-            with step(progress, "load the whole model's weights (strict key map)"):
-                whole = empty_decoder(shard_model(config), b.dtype)
-                whole.load_weights(reader)
         if layout.host_prefill:
-            with step(progress, f"trace {len(geo.buckets)} host prefill graph(s) (CPU)"):
-                graphs |= _host_prefill(b, whole, shards)
+            with step(progress, f"the whole model's host prefill, {len(start.geo.buckets)} bucket(s) (CPU)"):
+                whole = empty_decoder(shard_model(start.config), b.dtype)
+                whole.load_weights(start.reader)
+                graphs |= _host_prefill(b, whole, start.shards)
+                del whole
         with step(progress, f"check and lint {len(layout.device_graphs)} device graph(s)"):
-            # Rank 0's graph stands for every rank's (check_spmd); its values do not matter to the lint.
-            jobs = b.jobs(whole if variant.tp == 1 else empty_decoder(shards[0], b.dtype))
-        if variant.tp > 1:  # the NxD tracers build each rank's module themselves: drop the lint copy
-            jobs = [(name, None, inputs) for name, _, inputs in jobs]
-        with step(progress, f"neuronx-cc: {len(jobs)} graph(s) via {layout.builder} (long; workdir {b.workdir})"):
-            graphs |= BUILDERS[layout.builder](b, jobs)
+            examples = b.examples()
+        with step(progress, f"NxD ModelBuilder: {len(layout.device_graphs)} graph(s), tp {variant.tp} "
+                            f"(neuronx-cc, long; workdir {b.workdir})"):
+            graphs |= _model_builder(b, examples)
         return graphs

@@ -120,7 +120,7 @@ def test_dry_run_prints_neuron_dockerfiles_without_a_daemon():
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "FROM ubuntu:22.04 AS toolchain" in run.stdout and "aws-neuronx-runtime-lib" in run.stdout
-    assert '"neuronx-cc==2.23.6484.*" "torch-neuronx==2.8.0.*" "neuronx-distributed==0.17.*"' in run.stdout
+    assert '"neuronx-cc==2.23.6484.0" "torch-neuronx==2.8.0.2.12.22436" "neuronx-distributed==0.17.26814"' in run.stdout
     assert "--mount=type=secret,id=hf_token" in run.stdout
     assert 'NEURON_RT_VISIBLE_CORES="0,1"' in run.stdout and '"runtime.serve"' in run.stdout
 

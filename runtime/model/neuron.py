@@ -1,23 +1,29 @@
-"""The Neuron backend: compiled graphs on the NeuronCores, with the KV cache resident there.
+"""The Neuron backend: one NxD ModelBuilder model per artifact on the NeuronCores.
 
-The variant's layout (contract/layout.py) says which of the three loaders below applies. In each,
-the KV buffers are the graphs' aliased state tensors and this backend their one owner: bound to
-the same device tensors so that decode reads what prefill wrote, zeroed by `reset`, and written
-from the host only by a host prefill, split per rank as HOST_KV says.
-The SDK is imported only when a backend is built.
+Every variant is built the same way (contract/layout.py): the prefill buckets and the decode
+buckets are keys of one model, so each core holds one copy of its rank's weights, shared by every
+bucket, and the KV buffers are the model's aliased state that never leaves the device. The model
+is called through `nxd_model.forward(list_of_tensors)`, which routes a call to its bucket by the
+input shapes: the traced top-level module only takes the arity of the last key's example (NxD
+trace/spmd.py and model_builder.py build_nxd_model, tag v2.28.0). With `prefill: host` the model
+is decode alone; the prompt runs through a CPU TorchScript prefill of the whole model and the host
+writes its KV into the model's state, split per rank as HOST_KV says. ResidentKV is the one owner
+of that state on the host side. The SDK is imported only when a backend is built.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 import torch
 
 from contract.artifact import ArtifactMeta
-from contract.layout import HOST_KV, NXD_WEIGHTS, NeuronLayout, neuron_layout, signature
-from contract.versions import check_versions, installed_versions, require
+from contract.layout import HOST_KV, KV_STATE, NXD_WEIGHTS, neuron_layout, rank_cores
+from contract.versions import check_driver, check_versions, installed_versions, require
 
+log = logging.getLogger(__name__)
 START_RANK = torch.tensor([0], dtype=torch.int32)  # this process drives every rank, from the first
 
 
@@ -41,132 +47,44 @@ def join_kv(ranks: list[list[torch.Tensor]], ranges) -> list[torch.Tensor]:
     return out
 
 
-# -- the aliased state tensors of a traced Neuron module -----------------------------------------
-
-def live_states(module) -> list[torch.Tensor]:
-    """A traced module's state tensors as they are now. Loading moves them to the device and
-    replaces the parameters: tensors read before that are orphaned CPU copies."""
-    params = dict(module.states.named_parameters())
-    return [params[str(i)] for i in range(len(params))]
-
-
-def bind_states(module, tensors: list[torch.Tensor]) -> None:
-    """Make `module` read and update `tensors` as its state: graphs bound to the same tensors share them."""
-    for i, t in enumerate(tensors):
-        setattr(module.states, str(i), t)
-
-
-@torch.no_grad()
-def write_states(states: list[torch.Tensor], values: list[torch.Tensor]) -> None:
-    for dst, src in zip(states, values, strict=True):
-        dst.copy_(src)
-
-
 def logits_of(out) -> torch.Tensor:
-    """Aliased outputs stay on the device: a neff call returns the logits alone (maybe in a tuple)."""
+    """The bucket's outputs that no state aliases: the logits alone, maybe in a list or tuple."""
     return out if isinstance(out, torch.Tensor) else out[0]
 
 
 class ResidentKV:
-    """The KV state tensors on the NeuronCores, per rank: the one place that zeroes, reads and writes
-    them (the graphs update them in place through their aliases)."""
+    """The model's KV state on the NeuronCores, per rank: the one place that resets, reads and writes
+    it (the buckets update it in place through their aliases)."""
 
-    def __init__(self, ranks: list[list[torch.Tensor]]):
-        self.ranks = ranks
+    def __init__(self, nxd_model, count: int):
+        self.nxd_model, self.count = nxd_model, count
+
+    @property
+    def ranks(self) -> list[list[torch.Tensor]]:
+        """Each rank's state tensors as they are now, read afresh: a reset builds new ones, and a
+        tensor kept from before would be an orphan that no bucket reads."""
+        return [[rank[KV_STATE.format(index=i)] for i in range(self.count)] for rank in self.nxd_model.state]
 
     def zero(self) -> None:
-        for rank in self.ranks:
-            write_states(rank, [torch.zeros(t.shape, dtype=t.dtype) for t in rank])
+        # Fresh zeroed state over the weights already on the device (spmd.py initialize_with_saved_weights).
+        self.nxd_model.initialize_with_saved_weights(START_RANK)
 
     def read(self) -> list[list[torch.Tensor]]:
-        return [[t.cpu() for t in rank] for rank in self.ranks]
+        return [[t.to("cpu") for t in rank] for rank in self.ranks]
 
+    @torch.no_grad()
     def write(self, values: list[list[torch.Tensor]]) -> None:
-        for rank, v in zip(self.ranks, values, strict=True):
-            write_states(rank, v)
-
-
-# -- the three layouts ---------------------------------------------------------------------------
-
-class _TracedGraphs:
-    """tp 1: one torch_neuronx.trace module per graph, all on the first visible core, one KV."""
-
-    def __init__(self, folder: Path, meta: ArtifactMeta, layout: NeuronLayout):
-        torch_neuronx = require("torch_neuronx", "torch-neuronx", meta.versions.get("torch-neuronx"))
-        self.graphs = {n: torch.jit.load(str(folder / meta.graphs[n])) for n in layout.device_graphs}
-        for g in self.graphs.values():
-            torch_neuronx.move_trace_to_device(g, 0)  # default placement is round-robin over the cores
-        self.kv = ResidentKV([live_states(self.graphs[layout.device_graphs[-1]])])
-        for g in self.graphs.values():
-            bind_states(g, self.kv.ranks[0])
-
-    def run(self, name: str, inputs) -> torch.Tensor:
-        return logits_of(self.graphs[name](*inputs))
-
-    def reset(self) -> None:
-        self.kv.zero()
-
-    def close(self) -> None:
-        self.graphs.clear()
-
-
-class _ParallelDecode:
-    """tp 2, host prefill: parallel_model_trace's decode, one neff per rank, KV aliased on each core."""
-
-    def __init__(self, folder: Path, meta: ArtifactMeta, layout: NeuronLayout):
-        require("neuronx_distributed", "neuronx-distributed", meta.versions.get("neuronx-distributed"))
-        from neuronx_distributed.trace import parallel_model_load
-
-        (name,) = layout.device_graphs  # one decode graph (the manifest refuses more with host prefill)
-        self.model = parallel_model_load(str(folder / meta.graphs[name]))
-        # The first call loads the ranks onto their cores; only then are the states device tensors.
-        # An idle step (no slot writes) leaves the zero-initialised KV as it was.
-        geo = meta.geometry
-        self.model(*(torch.zeros(shape, dtype=dtype) for _, shape, dtype in signature(geo, "decode", geo.kv_max)))
-        self.kv = ResidentKV([live_states(m) for m in self.model.models])
-
-    def run(self, name: str, inputs) -> torch.Tensor:
-        return logits_of(self.model(*inputs))
-
-    def reset(self) -> None:
-        self.kv.zero()
-
-    def close(self) -> None:
-        del self.model
-
-
-class _NxdModel:
-    """tp 2, device prefill: ModelBuilder's model; it routes a call to a prefill bucket or decode by
-    the input shapes, and keeps the weights and the KV state on the cores."""
-
-    kv = None  # prefill runs on the device: the host never writes the KV; reset re-initialises it
-
-    def __init__(self, folder: Path, meta: ArtifactMeta, layout: NeuronLayout):
-        require("neuronx_distributed", "neuronx-distributed", meta.versions.get("neuronx-distributed"))
-        from safetensors.torch import load_file
-
-        self.model = torch.jit.load(str(folder / meta.graphs["model"]))
-        weights = [load_file(str(folder / NXD_WEIGHTS.format(rank=r))) for r in range(layout.tp)]
-        # A loaded model refuses to run until initialised ("This model is not initialized").
-        self.model.nxd_model.initialize(weights, START_RANK)
-
-    def run(self, name: str, inputs) -> torch.Tensor:
-        return logits_of(self.model(*inputs))
-
-    def reset(self) -> None:
-        # Re-initialising from the weights already on the device builds a fresh zeroed KV state.
-        self.model.nxd_model.initialize_with_saved_weights(START_RANK)
-
-    def close(self) -> None:
-        del self.model
+        for rank, rank_values in zip(self.ranks, values, strict=True):
+            for dst, src in zip(rank, rank_values, strict=True):
+                dst.copy_(src)  # into the device buffer, as NxD writes a state buffer
 
 
 class _HostPrefill:
-    """`prefill: host`: the whole model prefills on the host CPU; its KV goes into the device buffers."""
+    """`prefill: host`: the whole model prefills on the host CPU; its KV goes into the model's state."""
 
     def __init__(self, folder: Path, meta: ArtifactMeta):
-        self.graphs = {b: torch.jit.load(str(folder / meta.graphs[f"host_prefill_{b}"]), map_location="cpu").eval()
-                       for b in meta.geometry.buckets}
+        module = torch.jit.load(str(folder / meta.graphs["host_prefill"]), map_location="cpu").eval()
+        self.graphs = {b: getattr(module, f"prefill_{b}") for b in meta.geometry.buckets}
         raw = json.loads((folder / HOST_KV).read_text())["kv_heads"]
         self.ranges = [[tuple(r) for r in per_rank] for per_rank in raw]
 
@@ -183,24 +101,40 @@ class NeuronBackend:
 
     def __init__(self, folder: Path, meta: ArtifactMeta):
         check_versions(meta.versions, installed_versions())  # before anything touches a NeuronCore
+        check_driver(meta.manifest["toolchain"].get("neuron_driver"))
         torch.set_grad_enabled(False)
-        folder = Path(folder)
-        geo = meta.geometry
+        folder, geo = Path(folder), meta.geometry
         self.layout = neuron_layout(geo.tp, geo.prefill, geo.buckets, geo.decode_buckets)
-        kind = {"trace": _TracedGraphs, "model_builder": _NxdModel, "parallel_trace": _ParallelDecode}
-        self.device = kind[self.layout.builder](folder, meta, self.layout)
+        self.cores = rank_cores(geo.tp)
+        torch_neuronx = require("torch_neuronx", "torch-neuronx", meta.versions.get("torch-neuronx"))
+        require("neuronx_distributed", "neuronx-distributed", meta.versions.get("neuronx-distributed"))
+        from safetensors.torch import load_file
+
+        # A plain torch.jit.load lets the runtime pick the least used core; inside the context the
+        # ranks start at the first core this process sees (start_nc is relative to the visible cores).
+        with torch_neuronx.neuron_cores_context(start_nc=0):
+            self.model = torch.jit.load(str(folder / meta.graphs["model"]))
+            weights = [load_file(str(folder / NXD_WEIGHTS.format(rank=r))) for r in range(geo.tp)]
+            self.model.nxd_model.initialize(weights, START_RANK)  # a loaded model refuses to run before
+        del weights
+        log.info("Neuron model loaded: %d rank(s) on NeuronCore(s) %s", geo.tp,
+                 ",".join(map(str, self.cores)) if self.cores else "from 0 (NEURON_RT_VISIBLE_CORES unset: all cores)")
+        self.kv = ResidentKV(self.model.nxd_model, len(geo.kv_shapes))
         self.host_prefill = _HostPrefill(folder, meta) if self.layout.host_prefill else None
+
+    def _run(self, inputs) -> torch.Tensor:
+        return logits_of(self.model.nxd_model.forward(list(inputs)))
 
     def prefill(self, bucket: int, inputs) -> torch.Tensor:
         if self.host_prefill is not None:
-            return self.host_prefill(bucket, inputs, self.device.kv)
-        return self.device.run(f"prefill_{bucket}", inputs)
+            return self.host_prefill(bucket, inputs, self.kv)
+        return self._run(inputs)
 
     def decode(self, keys: int, inputs) -> torch.Tensor:
-        return self.device.run(f"decode_{keys}", inputs)
+        return self._run(inputs)
 
     def reset(self) -> None:
-        self.device.reset()
+        self.kv.zero()
 
     def close(self) -> None:
-        self.device.close()
+        del self.model

@@ -20,17 +20,17 @@ RUN chmod 0644 /etc/apt/keyrings/neuron.asc \
  && echo "deb [signed-by=/etc/apt/keyrings/neuron.asc] https://apt.repos.neuron.amazonaws.com $VERSION_CODENAME main" \
     > /etc/apt/sources.list.d/neuron.list \
  && apt-get update \
- && apt-get install -y --no-install-recommends aws-neuronx-runtime-lib=2.25.57.0-* aws-neuronx-collectives=2.25.65.0-* aws-neuronx-tools=2.23.9.0-* \
+ && apt-get install -y --no-install-recommends aws-neuronx-runtime-lib=2.30.51.0-* aws-neuronx-collectives=2.30.59.0-* aws-neuronx-tools=2.28.23.0-* \
  && rm -rf /var/lib/apt/lists/*
 ENV PATH=/opt/venv/bin:/opt/aws/neuron/bin:$PATH \
     LD_LIBRARY_PATH=/opt/aws/neuron/lib \
     PYTHONUNBUFFERED=1
 # CPU-only torch first, from its own index (the PyPI wheel would pull CUDA), then the Neuron
-# packages at the manifest's toolchain pins from the Neuron index.
+# packages at the manifest's exact builds from the Neuron index (the loader refuses any other).
 RUN python3.11 -m venv /opt/venv \
  && pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==2.8.*" \
  && pip install --no-cache-dir --extra-index-url https://pip.repos.neuron.amazonaws.com \
-    "neuronx-cc==2.23.6484.*" "torch-neuronx==2.8.0.*" "neuronx-distributed==0.17.*" "transformers==5.24.0" "flask==3.1.3" "gunicorn==27.0.1" "pydantic==2.14.4"
+    "neuronx-cc==2.23.6484.0" "torch-neuronx==2.8.0.2.12.22436" "neuronx-distributed==0.17.26814" "transformers==5.24.0" "flask==3.1.3" "gunicorn==27.0.1" "pydantic==2.14.4"
 
 # Weights and compile in a throwaway stage: the checkpoint and the compiler's scratch stay out of the base.
 FROM toolchain AS compile

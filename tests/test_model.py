@@ -5,13 +5,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from contract.greedy import softcap
-from contract.hostside import HostInputs
 from gemma4_port.checkpoint import CheckpointReader
 from gemma4_port.graphs import DecodeGraph, PrefillGraph
 from gemma4_port.lint import check_traced
 from gemma4_port.model import Gemma4Decoder, WeightError
 from gemma4_port.reference import load_reference, reference_greedy
-from gemma4_port.tracing import EXAMPLE_TOKEN, example_inputs, host_tables, trace_quietly
+from gemma4_port.tracing import trace_quietly
 from runtime.model.prefix import reusable_prefix
 from runtime.model.runner import chunks
 
@@ -90,33 +89,6 @@ def test_every_module_tensor_is_mapped_and_layer_scalar_is_loaded():
     assert not torch.isnan(scalars).any() and float((scalars - 1).abs().min()) > 0.4
 
 
-def test_graph_signatures_match_the_host_inputs():
-    _, _, shard, geo, decoder, host = setup("tiny-e2b", "b4")
-    pre = example_inputs(host, geo, "prefill", 16)
-    assert geo.decode_buckets == (32, 64)
-    dec = example_inputs(host, geo, "decode", 32)
-    assert len(pre) == len(geo.inputs["prefill"]) and len(dec) == len(geo.inputs["decode"])
-    named = dict(zip(geo.inputs["decode"], dec))
-    assert named["hidden"].shape == (4, 1, geo.hidden)
-    assert named["ple"].shape == (4, 1, geo.num_layers, geo.ple_dim)
-    assert named["rope"].shape == (4, 1, sum(2 * r.head_dim for r in geo.rope.values()))
-    assert named["rows_full"].shape == (4, 2, 32)  # a mask row, then the write, over the first 32 keys
-    assert named["rows_sliding"].shape == (4, 2, 32)  # the ring (40) read up to the bucket too
-    assert named["kv0_k"].shape == geo.kv_shapes[0]  # the graph still takes (and returns) whole buffers
-    named = dict(zip(geo.inputs["prefill"], pre))
-    assert named["slot"].shape == (4,) and named["rows_full"].shape == (16, 2, geo.kv_max)
-    assert named["rows_sliding"].shape == (16, 2, geo.ring)
-
-
-def test_a_tp_rank_traces_from_the_rows_its_example_inputs_look_up():
-    folder, _, _, geo, _, host = setup("tiny-e2b", "b4")
-    few = HostInputs(geo, host_tables(CheckpointReader(folder), geo, rows=EXAMPLE_TOKEN + 1))
-    assert few.tables.embed.shape == (EXAMPLE_TOKEN + 1, geo.hidden)
-    for graph, bucket in (("prefill", 16), ("decode", 32)):
-        for a, b in zip(example_inputs(few, geo, graph, bucket), example_inputs(host, geo, graph, bucket)):
-            assert torch.equal(a, b)
-
-
 @torch.no_grad()
 def test_a_decode_bucket_computes_what_the_whole_cache_does():
     """Below the bucket's T keys, attending over T and rewriting only them gives the same logits and
@@ -135,36 +107,6 @@ def test_a_decode_bucket_computes_what_the_whole_cache_does():
         assert torch.equal(a[:, :, 32:], old[:, :, 32:])
     with pytest.raises(ValueError, match="decode buckets"):
         host.decode(tokens, positions, kv, keys=48)
-
-
-def test_decode_inputs_are_the_rows_of_their_definition():
-    """The precomputed tables give, per slot, exactly the causal/windowed mask over its kind's cache
-    (a sliding ring key j holds position q - ((q - j) mod ring)), the one-hot write and the rotary
-    rows of its position; an idle slot writes nothing and sees no key."""
-    *_, geo, _, host = setup("tiny-e2b", "b4")
-    K, W = geo.kv_max, geo.sliding_window
-    positions = [0, W, K - 1, 5]
-    named = dict(zip(geo.inputs["decode"], host.decode([7, 8, 9, None], positions)))
-    rope = named["rope"]
-    for slot, p in enumerate(positions[:3]):
-        start = 0
-        for kind in geo.kinds:
-            S, rows = geo.span(kind), named[f"rows_{kind}"]
-            keys = torch.arange(S)
-            held = p - (p - keys) % S
-            visible = (held >= 0) & ((held > p - W) if kind == "sliding" else True)
-            assert torch.equal(rows[slot, 0] == 0, visible), (kind, p)
-            assert torch.equal(rows[slot, 1], (keys == p % S).to(host.dtype))
-            inv = torch.tensor(geo.rope[kind].inv_freq)
-            angles = torch.cat((p * inv, p * inv))
-            d = geo.rope[kind].head_dim
-            assert torch.equal(rope[slot, 0, start:start + d], angles.cos().to(host.dtype))
-            assert torch.equal(rope[slot, 0, start + d:start + 2 * d], angles.sin().to(host.dtype))
-            start += 2 * d
-    for kind in geo.kinds:
-        rows = named[f"rows_{kind}"]
-        assert not rows[3, 1].any() and not (rows[3, 0] == 0).any()
-    assert all(t.is_contiguous() for t in named.values())
 
 
 # -- chunked prefill at any offset, sliding rings, reused prefixes ---------------------------------
@@ -262,32 +204,6 @@ def test_how_a_prompt_is_chunked_does_not_change_the_result():
         torch.testing.assert_close(logits, results[0][0], rtol=1e-4, atol=1e-4)
         for a, b in zip(kv, results[0][1]):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
-
-
-def test_chunk_inputs_are_the_rows_of_their_definition():
-    """Each chunk token's mask row sees exactly the keys (p - window, p] of its own position q (the
-    ring key j holding q - ((q - j) mod S)) and its write row names q mod S; padding sees and writes nothing."""
-    *_, geo, _, host = setup("tiny-e2b")
-    start, n, bucket = 37, 9, 16
-    named = dict(zip(geo.inputs["prefill"], host.prefill(list(range(1, n + 1)), bucket, 0, start=start)))
-    for kind in geo.kinds:
-        S, rows = geo.span(kind), named[f"rows_{kind}"]
-        assert rows.shape == (bucket, 2, S)
-        j = torch.arange(S)
-        for i in range(bucket):
-            if i >= n:
-                assert not rows[i, 1].any() and not (rows[i, 0] == 0).any()
-                continue
-            q = start + i
-            held = q - (q - j) % S  # the position key j holds once q is written
-            visible = held >= 0
-            if kind == "sliding":
-                visible &= held > q - geo.sliding_window
-            assert torch.equal(rows[i, 0] == 0, visible), (kind, q)
-            assert torch.equal(rows[i, 1], (j == q % S).to(host.dtype)), (kind, q)
-    assert torch.equal(named["last"][0], torch.nn.functional.one_hot(torch.tensor(n - 1), bucket).float())
-    with pytest.raises(ValueError, match="does not fit kv_max"):
-        host.prefill([1] * 9, 16, 0, start=geo.kv_max - 8)
 
 
 def test_the_chunk_graph_traces_without_scatter_or_indexing():

@@ -1,10 +1,16 @@
-"""gemma4_port.tracing: the CPU graphs as methods of one module sharing one copy of the weights."""
+"""gemma4_port.tracing: example inputs from the rows a trace needs, and the CPU graphs as methods of
+one module sharing one copy of the weights."""
 
 from pathlib import Path
 
 import torch
 
 from contract.artifact import load_meta
+from contract.hostside import HostInputs
+from gemma4_port.checkpoint import CheckpointReader
+from gemma4_port.tracing import EXAMPLE_TOKEN, example_inputs, host_tables
+
+from support.builds import setup
 
 
 def test_cpu_graphs_are_methods_of_one_module_sharing_one_copy_of_the_weights(compiled):
@@ -17,3 +23,12 @@ def test_cpu_graphs_are_methods_of_one_module_sharing_one_copy_of_the_weights(co
     assert state[f"prefill.{weight}"].data_ptr() == state[f"decode.{weight}"].data_ptr()
     checkpoint = (Path(meta.checkpoint) / "model.safetensors").stat().st_size
     assert (folder / "graphs/graphs.pt").stat().st_size < 1.2 * checkpoint  # one copy, not one per graph
+
+
+def test_a_tp_rank_traces_from_the_rows_its_example_inputs_look_up():
+    folder, _, _, geo, _, host = setup("tiny-e2b", "b4")
+    few = HostInputs(geo, host_tables(CheckpointReader(folder), geo, rows=EXAMPLE_TOKEN + 1))
+    assert few.tables.embed.shape == (EXAMPLE_TOKEN + 1, geo.hidden)
+    for graph, bucket in (("prefill", 16), ("decode", 32)):
+        for a, b in zip(example_inputs(few, geo, graph, bucket), example_inputs(host, geo, graph, bucket)):
+            assert torch.equal(a, b)

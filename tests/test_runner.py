@@ -1,0 +1,54 @@
+"""runtime.model.runner and its slots: one place holds each slot's state (free, prefilling chunk by
+chunk, decoding, retained) and position; a busy slot, a slot with no prompt, a prompt that cannot
+fit and a full context are each refused by name."""
+
+import pytest
+
+from runtime.model.loader import load_artifact
+from runtime.model.runner import ContextFull, PromptTooLong
+from runtime.model.slots import SlotState
+
+
+@pytest.fixture(scope="module")
+def runner(compiled):
+    loaded = load_artifact(compiled("tiny-e2b", "b4"))  # buckets 16, 32; kv_max 64; 4 slots
+    yield loaded.runner
+    loaded.close()
+
+
+def test_a_slot_prefills_chunk_by_chunk_then_decodes_then_retains_its_kv(runner):
+    ids = [(7 * i + 3) % 500 for i in range(40)]  # two chunks: longer than the largest bucket
+    runner.start(2, ids)
+    s = runner.slots[2]
+    assert s.state is SlotState.PREFILLING and len(s.plan) == 2
+    assert runner.prefill_step(2) is None and s.state is SlotState.PREFILLING
+    assert runner.prefill_step(2) is not None
+    assert (s.state, s.position) == (SlotState.DECODING, 40)
+    with pytest.raises(RuntimeError, match="slot 2 is decoding, not free"):
+        runner.start(2, ids)
+    runner.decode({2: 7})
+    assert s.position == 41 and [t.state for t in runner.slots].count(SlotState.DECODING) == 1
+    runner.free(2)
+    assert (s.state, s.request, s.tokens) == (SlotState.RETAINED, None, ids + [7])
+
+
+def test_a_slot_without_a_prompt_cannot_decode(runner):
+    with pytest.raises(RuntimeError, match=r"slot 1 has no prompt \(free\)"):
+        runner.decode({1: 7})
+
+
+def test_a_prompt_that_cannot_fit_leaves_the_slot_as_it_was(runner):
+    before = runner.slots[0].state
+    with pytest.raises(PromptTooLong, match="holds at most 63"):
+        runner.start(0, [5] * 64)
+    assert runner.slots[0].state is before
+
+
+def test_a_full_context_is_refused(runner):
+    runner.prefill(3, [5, 80, 300])
+    try:
+        runner.slots[3].position = runner.geo.kv_max
+        with pytest.raises(ContextFull, match="slot 3 reached kv_max=64"):
+            runner.decode({3: 7})
+    finally:
+        runner.free(3)

@@ -2,8 +2,6 @@
 slot. (That a reused prefix gives exactly what a fresh prefill gives, and that what the rule refuses
 would not, is shown on the graph in test_model.py.)"""
 
-from pathlib import Path
-
 import pytest
 
 from gemma4_port.configs import text_config_for
@@ -11,13 +9,12 @@ from gemma4_port.manifest import load_manifest
 from gemma4_port.sharding import shard_model
 from gemma4_port.tracing import geometry
 from runtime.model.prefix import choose_slot, reusable_prefix
-
-ROOT = Path(__file__).resolve().parents[1]
+from support import MANIFESTS
 
 
 @pytest.fixture(scope="module")
 def geo():
-    manifest = load_manifest(ROOT / "manifests/tiny-e2b.yaml")
+    manifest = load_manifest(MANIFESTS / "tiny-e2b.yaml")
     config = text_config_for(manifest)
     return geometry(config, shard_model(config), manifest.variant("b4"))  # window 8, ring 8 + 32, kv_max 64
 

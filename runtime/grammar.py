@@ -1,0 +1,165 @@
+"""Constrained decoding: a grammar engine (llguidance) masks the host's logits, one matcher per slot.
+
+A `Grammar` says what the output must match: a JSON schema, any JSON object, a regex, one of a list
+of strings, or an arbitrary Lark grammar (llguidance's dialect: `<name>` is a special token by its
+string, `<[id]>` by its id, `%json {...}` embeds a schema). `Grammars` is built once per tokenizer
+(llguidance reads the vocabulary from the `tokenizers` JSON; ~2.6 s at 262,144 ids) and checks
+grammars and makes matchers. A `Matcher` gives each decode step a boolean mask over the vocabulary
+and consumes the sampled token; the end-of-generation ids are allowed exactly when the grammar may
+stop, so a constrained output always ends where the grammar lets it.
+
+llguidance over xgrammar, measured at vocab 262,144 (README, *Structured outputs*): no per-schema
+compile (xgrammar: ~3.8 s for a new schema at this vocabulary), and a lower p99 per step."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+
+Kind = Literal["json_schema", "json_object", "regex", "choice", "lark"]
+
+# Compact JSON: a random or weak model would otherwise spend its budget on whitespace the grammar allows.
+JSON_OPTIONS = {"whitespace_flexible": False}
+
+
+class GrammarError(ValueError):
+    """A grammar llguidance refuses, or a token its matcher cannot take (llguidance's message, on one
+    line: it points at the fault with a caret over several)."""
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(message.split()))
+
+
+@dataclass(frozen=True)
+class Grammar:
+    kind: Kind
+    source: str  # the schema as JSON text, the regex, the choices as a JSON list, or the Lark text
+
+    @classmethod
+    def json_schema(cls, schema: dict | bool) -> Grammar:
+        return cls("json_schema", json.dumps(schema))
+
+    @classmethod
+    def json_object(cls) -> Grammar:
+        return cls("json_object", json.dumps({"type": "object"}))
+
+    @classmethod
+    def regex(cls, pattern: str) -> Grammar:
+        return cls("regex", pattern)
+
+    @classmethod
+    def choice(cls, options: Sequence[str]) -> Grammar:
+        if not options or not all(isinstance(o, str) for o in options):
+            raise GrammarError("choice: needs a non-empty list of strings")
+        return cls("choice", json.dumps(list(options)))
+
+    @classmethod
+    def lark(cls, text: str) -> Grammar:
+        return cls("lark", text)
+
+    def llguidance(self) -> str:
+        """The grammar as llguidance takes it (LLMatcher's grammar string)."""
+        from llguidance import LLMatcher
+
+        if self.kind in ("json_schema", "json_object"):
+            return LLMatcher.grammar_from_json_schema(self.source, defaults=JSON_OPTIONS)
+        if self.kind == "regex":
+            return LLMatcher.grammar_from_regex(self.source)
+        if self.kind == "choice":
+            # Lark string literals are JSON strings, so any choice text is written exactly.
+            return LLMatcher.grammar_from_lark("start: " + " | ".join(json.dumps(o) for o in json.loads(self.source)))
+        return LLMatcher.grammar_from_lark(self.source)
+
+
+class Grammars:
+    """llguidance's view of one tokenizer; makes a matcher per request."""
+
+    def __init__(self, tokenizer, vocab: int, eos_ids: Sequence[int]):
+        import llguidance.hf
+
+        # n_vocab is the logits' width: a model's rows may be wider than its tokenizer.
+        self.vocab = vocab
+        self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=list(eos_ids))
+
+    def compile(self, grammar: Grammar) -> str:
+        """The grammar string, or a GrammarError saying what llguidance refused."""
+        from llguidance import LLMatcher
+
+        try:
+            text = grammar.llguidance()
+        except ValueError as exc:
+            raise GrammarError(str(exc)) from None
+        error = LLMatcher.validate_grammar(text, self.tokenizer)
+        if error:
+            raise GrammarError(error)
+        return text
+
+    def matcher(self, grammar: Grammar | str) -> Matcher:
+        """A fresh matcher; `grammar` is a Grammar or the string `compile` returned."""
+        return Matcher(self, grammar if isinstance(grammar, str) else self.compile(grammar))
+
+
+class Matcher:
+    """One generation's place in its grammar."""
+
+    def __init__(self, grammars: Grammars, compiled: str):
+        from llguidance import LLMatcher
+
+        self.vocab = grammars.vocab
+        self._m = LLMatcher(grammars.tokenizer, compiled, log_level=0)
+        if self._m.is_error():
+            raise GrammarError(self._m.get_error())
+        self._bits = np.zeros((vocab_words(self.vocab),), dtype=np.int32)
+
+    def allowed(self) -> np.ndarray:
+        """(V,) bool: the tokens the grammar accepts next (an end-of-generation id once it may stop)."""
+        self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
+        if self._m.is_error():
+            raise GrammarError(self._m.get_error())
+        return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab].view(bool)
+
+    def accept(self, token: int) -> None:
+        if not self._m.consume_token(token):
+            raise GrammarError(f"token {token} is not allowed here: {self._m.get_error()}")
+
+    @property
+    def finished(self) -> bool:
+        """The grammar is complete and admits nothing more (only an end-of-generation id is allowed)."""
+        return self._m.is_stopped()
+
+    def fork(self) -> Matcher:
+        """An independent copy at the same place (n > 1 choices after a shared prompt)."""
+        twin = object.__new__(Matcher)
+        twin.vocab, twin._m = self.vocab, self._m.deep_copy()
+        twin._bits = np.zeros_like(self._bits)
+        return twin
+
+
+def vocab_words(vocab: int) -> int:
+    return (vocab + 31) // 32
+
+
+def mask_logits(x: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """-inf wherever the grammar forbids, in place on a float32 row (V,)."""
+    np.copyto(x, np.float32(-np.inf), where=~allowed)
+    return x
+
+
+class LazyGrammars:
+    """`Grammars` made on first use (a server whose clients never constrain never pays for it)."""
+
+    def __init__(self, tokenizer, vocab: int, eos_ids: Sequence[int]):
+        self._args = (tokenizer, vocab, eos_ids)
+        self._made: Grammars | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Grammars:
+        with self._lock:
+            if self._made is None:
+                self._made = Grammars(*self._args)
+            return self._made

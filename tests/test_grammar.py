@@ -1,0 +1,129 @@
+"""runtime.grammar: llguidance masks over the test tokenizer; a random "model" under a grammar always
+produces output that parses and validates."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import jsonschema
+import numpy as np
+import pytest
+
+from gemma4_port.tokenizer import EOS_ID, END_TURN_ID, train_tokenizer
+from runtime.grammar import Grammar, GrammarError, Grammars, mask_logits
+
+VOCAB = 1024
+EOS = (EOS_ID, END_TURN_ID)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer(VOCAB, seed=0)
+
+
+@pytest.fixture(scope="module")
+def grammars(tokenizer):
+    return Grammars(tokenizer, VOCAB, EOS)
+
+
+def random_schema(rng: random.Random, depth: int = 0) -> dict:
+    """One of a fixed family of JSON schemas whose every instance is short: bounded strings, ranges,
+    enums, small arrays, nested objects with all properties required (as OpenAI's strict mode wants)."""
+    kinds = ["string", "integer", "number", "boolean", "enum", "null", "pattern"] + (["array", "object"] if depth < 2 else [])
+    kind = rng.choice(kinds)
+    if kind == "string":
+        return {"type": "string", "minLength": rng.randint(0, 2), "maxLength": rng.randint(3, 8)}
+    if kind == "integer":
+        lo = rng.randint(-50, 50)
+        return {"type": "integer", "minimum": lo, "maximum": lo + rng.randint(0, 1000)}
+    if kind == "number":
+        return {"type": "number", "minimum": -10, "maximum": 10}
+    if kind == "enum":
+        return {"enum": rng.sample(["red", "green", "blue", "a \"quoted\" one", "{brace}", 7, None, True], rng.randint(1, 4))}
+    if kind == "pattern":
+        return {"type": "string", "pattern": rng.choice(["^[0-9]{3}-[0-9]{2}$", "^[a-z]{2,4}$", "^(yes|no)$"])}
+    if kind == "array":
+        return {"type": "array", "items": random_schema(rng, depth + 1), "minItems": rng.randint(0, 1),
+                "maxItems": rng.randint(1, 3)}
+    if kind == "object":
+        props = {f"k{i}_{rng.choice('abc')}": random_schema(rng, depth + 1) for i in range(rng.randint(1, 4))}
+        return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
+    return {"type": kind}
+
+
+def random_model_output(grammars: Grammars, tokenizer, grammar: Grammar, seed: int, steps: int = 300) -> tuple[str, bool]:
+    """What a random-weight model emits under the grammar: seeded logits, masked, sampled at
+    temperature 1; (text, ended on an end-of-generation id)."""
+    rng = np.random.default_rng(seed)
+    matcher, out = grammars.matcher(grammar), []
+    for _ in range(steps):
+        x = mask_logits(rng.standard_normal(VOCAB).astype(np.float32) * 3, matcher.allowed())
+        p = np.exp(x - x.max())
+        token = int(rng.choice(VOCAB, p=p / p.sum()))
+        if token in EOS:
+            return tokenizer.decode(out), True
+        matcher.accept(token)
+        out.append(token)
+    return tokenizer.decode(out), False
+
+
+def test_random_schemas_always_validate(grammars, tokenizer):
+    rng = random.Random(1234)
+    schemas = [{"type": "object", "properties": (p := {f"f{i}": random_schema(rng) for i in range(rng.randint(1, 4))}),
+                "required": list(p), "additionalProperties": False} for _ in range(40)]
+    for i, schema in enumerate(schemas):
+        text, ended = random_model_output(grammars, tokenizer, Grammar.json_schema(schema), seed=i)
+        assert ended, (schema, text)
+        jsonschema.validate(json.loads(text), schema)  # raises on a miss: 100% must validate
+
+
+def test_json_object_regex_and_choice(grammars, tokenizer):
+    for seed in range(5):
+        text, ended = random_model_output(grammars, tokenizer, Grammar.regex(r"[0-9]{3}-[a-z]{2}"), seed)
+        assert ended and len(text) == 6 and text[:3].isdigit() and text[3] == "-" and text[4:].isalpha()
+    options = ["yes", "no", 'a "quoted" {x}']
+    seen = {random_model_output(grammars, tokenizer, Grammar.choice(options), seed)[0] for seed in range(30)}
+    assert seen <= set(options) and len(seen) > 1
+    matcher = grammars.matcher(Grammar.json_object())
+    allowed = matcher.allowed()
+    assert allowed.shape == (VOCAB,) and list(np.flatnonzero(allowed)) == [tokenizer.convert_tokens_to_ids("{")]
+
+
+def test_eos_is_allowed_only_where_the_grammar_may_stop(grammars, tokenizer):
+    matcher = grammars.matcher(Grammar.choice(["yes"]))
+    assert not matcher.allowed()[list(EOS)].any()
+    for token in tokenizer("yes", add_special_tokens=False).input_ids:
+        matcher.accept(token)
+    allowed = matcher.allowed()
+    assert matcher.finished and set(np.flatnonzero(allowed)) == set(EOS)
+
+
+def test_lark_reaches_special_tokens_and_forks(grammars, tokenizer):
+    """The chat protocol forces its own syntax, special tokens included, through a Lark grammar."""
+    end_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
+    matcher = grammars.matcher(Grammar.lark('start: "ok" <end_of_turn> "x"'))
+    for token in tokenizer("ok", add_special_tokens=False).input_ids:
+        matcher.accept(token)
+    twin = matcher.fork()
+    assert list(np.flatnonzero(matcher.allowed())) == [end_turn]
+    matcher.accept(end_turn)
+    assert list(np.flatnonzero(twin.allowed())) == [end_turn]  # the fork did not move
+    with pytest.raises(GrammarError, match="not allowed"):
+        twin.accept(tokenizer.convert_tokens_to_ids("x"))
+
+
+@pytest.mark.parametrize("grammar,match", [
+    (Grammar.lark("start: nope"), "unknown name"),
+    (Grammar.json_schema({"type": "wat"}), "wat"),
+    (Grammar.regex("(unclosed"), "unclosed group"),
+])
+def test_a_bad_grammar_is_one_error(grammars, grammar, match):
+    with pytest.raises(GrammarError, match=match) as info:
+        grammars.compile(grammar)
+    assert "\n" not in str(info.value)
+
+
+def test_choice_needs_strings():
+    with pytest.raises(GrammarError, match="non-empty list"):
+        Grammar.choice([])

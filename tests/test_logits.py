@@ -1,0 +1,104 @@
+"""runtime.logits: penalties, bias, min_tokens and the grammar mask against dense references, and
+logprobs against torch's log_softmax of the softcapped row."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from transformers import RepetitionPenaltyLogitsProcessor
+
+from runtime.logits import Controls, TokenChooser, capped_row, logprobs
+from runtime.sampling import SamplingParams, sample, softcap
+
+V, CAP = 4096, 30.0
+EOS = (1, 5)
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def rows(n: int, seed: int = 0, dtype=torch.float32) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(V, generator=gen) * 12).to(dtype) for _ in range(n)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_logprobs_are_log_softmax_of_the_softcapped_row(dtype):
+    for row in rows(5, dtype=dtype):
+        want = torch.log_softmax(softcap(row.float(), CAP).double(), -1)
+        got = logprobs(row, 7, 5, CAP)
+        assert got.token == 7 and got.logprob == pytest.approx(float(want[7]), abs=1e-4)
+        ids = [i for i, _ in got.top]
+        assert ids == torch.topk(want, 5).indices.tolist()
+        assert [lp for _, lp in got.top] == pytest.approx(want[ids].tolist(), abs=1e-4)
+    assert logprobs(row, 7, 0, CAP).top == ()
+
+
+def test_capped_row_is_the_softcap_and_leaves_the_input_alone():
+    row = rows(1)[0]
+    before = row.clone()
+    assert np.allclose(capped_row(row, CAP), softcap(row, CAP).numpy(), atol=1e-4)
+    capped_row(row, None)[:] = 0
+    assert torch.equal(row, before)
+
+
+def dense_reference(row: torch.Tensor, c: Controls, prompt: list[int], out: list[int]) -> torch.Tensor:
+    """The same processing written densely over the whole vocabulary (and HF's repetition processor)."""
+    x = softcap(row.float(), CAP).clone()
+    if c.repetition_penalty != 1.0:
+        ids = torch.tensor([prompt + out])
+        x = RepetitionPenaltyLogitsProcessor(c.repetition_penalty)(ids, x[None])[0]
+    counts = torch.bincount(torch.tensor(out, dtype=torch.long), minlength=V).float() if out else torch.zeros(V)
+    x = x - c.frequency_penalty * counts - c.presence_penalty * (counts > 0).float()
+    for i, b in c.logit_bias:
+        x[i] += b
+    return x
+
+
+@pytest.mark.parametrize("controls", [
+    Controls(frequency_penalty=1.5),
+    Controls(presence_penalty=2.0, frequency_penalty=-0.5),
+    Controls(repetition_penalty=1.8),
+    Controls(repetition_penalty=1.3, presence_penalty=0.5, logit_bias=((3, 5.0), (9, -100.0))),
+])
+def test_penalised_greedy_picks_the_dense_reference_argmax(controls):
+    prompt = [11, 12, 13, 12]
+    chooser, out = TokenChooser(controls, prompt, EOS), []
+    gen = torch.Generator()
+    for row in rows(30, seed=1):
+        # Make repeats likely: the previous tokens get a lift the penalties must fight.
+        for t in out[-3:]:
+            row[t] += 20
+        want = int(dense_reference(row, controls, prompt, out).argmax())
+        token, _ = chooser.choose(row, GREEDY, CAP, gen)
+        assert token == want
+        out.append(token)
+    assert len(set(out)) > 1
+
+
+def test_no_controls_is_plain_sampling():
+    params = SamplingParams(temperature=0.9, top_p=0.9, top_k=40)
+    a, b = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    chooser = TokenChooser(Controls(), [1, 2], EOS)
+    for row in rows(10):
+        assert chooser.choose(row, params, CAP, a)[0] == sample(row, params, CAP, b)
+
+
+def test_bias_forces_and_bans_and_min_tokens_hold_back_eos():
+    row = rows(1)[0]
+    row[EOS[0]] = 100.0  # the model wants to stop at once
+    gen = torch.Generator().manual_seed(0)
+    chooser = TokenChooser(Controls(min_tokens=3, stop_token_ids=(42,), logit_bias=((42, 1000.0),)), [2], EOS)
+    tokens = [chooser.choose(row, SamplingParams(temperature=1.0), CAP, gen)[0] for _ in range(4)]
+    assert EOS[0] not in tokens[:3] and 42 not in tokens[:3] and tokens[3] == 42
+    assert chooser.ends_generation(42) and chooser.ends_generation(EOS[1])
+    assert not TokenChooser(Controls(ignore_eos=True), [2], EOS).ends_generation(EOS[0])
+    assert TokenChooser(Controls(ignore_eos=True, stop_token_ids=(42,)), [2], EOS).ends_generation(42)
+
+
+def test_logprobs_come_with_the_token_and_ignore_the_shaping():
+    row = rows(1)[0]
+    chooser = TokenChooser(Controls(logprobs=3, logit_bias=((77, 1000.0),)), [2], EOS)
+    token, lp = chooser.choose(row, GREEDY, CAP, torch.Generator())
+    assert token == 77 and lp.token == 77
+    assert lp.logprob == pytest.approx(logprobs(row, 77, 3, CAP).logprob) and len(lp.top) == 3
+    assert lp.top[0][0] == int(row.argmax())  # the model's distribution, not the biased one

@@ -1,35 +1,42 @@
-"""The OpenAI API: /v1/models, /v1/completions, /v1/chat/completions, streamed (SSE) or not.
+"""The OpenAI API: /v1/models, /v1/completions, /v1/chat/completions, streamed (SSE) or not, and
+vLLM's /tokenize and /detokenize.
 
-Bodies are validated by pydantic models (strict JSON types; unknown parameters are refused, not
-ignored). A request becomes an engine Job only once its prompt and max_tokens are known to fit."""
+Bodies are validated by pydantic models with vLLM's field policy: a field this server knows is
+checked strictly (a bad value is a 400 naming it); a field it does not know is accepted and ignored,
+and logged once per name. A request becomes engine Jobs (one per choice) only once its prompt and
+max_tokens are known to fit and its grammar compiles."""
 
 from __future__ import annotations
 
 import datetime
 import functools
-import json
+import logging
 import socket
 import threading
-import time
-import uuid
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from flask import Blueprint, Response, current_app, jsonify, request
 from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from .chat import ChatTemplateError, Message, Reply, Tool, ToolChoice, render
-from .engine import Delta, DoesNotFit, Engine, Failed, Finished, Job, NotReady, QueueFull, State, token_budget
+from .chat import ChatTemplateError, Message, Tool, ToolChoice, render
+from .engine import DoesNotFit, Engine, Job, NotReady, QueueFull, State, token_budget
 from .errors import APIError
+from .grammar import Grammar, GrammarError
+from .logits import Controls
 from .reply import ReplyParser
+from .responses import Shape, stream, whole
 from .sampling import SamplingParams
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
+vllm_bp = Blueprint("vllm", __name__)  # vLLM's routes outside /v1
+log = logging.getLogger("gemma4.api")
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions; chat defaults to the room left
 MAX_STOPS = 16
+MAX_CHOICES = 128  # OpenAI's limit on n
 RETRY_AFTER_S = "1"
 _TOKENIZING = threading.Lock()
 
@@ -49,30 +56,145 @@ def _prompt(value) -> str | list[int]:
     raise ValueError("must be a string or a non-empty list of token ids")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+class _Lenient(BaseModel):
+    """Known fields strictly typed; unknown ones kept aside (model_extra) to be logged and ignored."""
+
+    model_config = ConfigDict(extra="allow", strict=True, populate_by_name=True)
 
 
-class StreamOptions(_Strict):
+_logged: set[str] = set()
+_logged_lock = threading.Lock()
+
+
+def ignored_fields(model: BaseModel, prefix: str = "") -> list[str]:
+    """Dotted names of the fields a client sent that this server does not know (list items as `[]`)."""
+    names = [prefix + k for k in (model.model_extra or {})]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, BaseModel):
+                names += ignored_fields(item, f"{prefix}{name}{'[]' if isinstance(value, list) else ''}.")
+    return names
+
+
+def log_ignored(model: BaseModel) -> None:
+    for name in ignored_fields(model):
+        with _logged_lock:
+            if name in _logged:
+                continue
+            _logged.add(name)
+        log.warning("request field %r is not supported and is ignored (logged once)", name)
+
+
+class StreamOptions(_Lenient):
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM: usage in every chunk
 
 
-class _Body(_Strict):
+class JsonSchemaFormat(_Lenient):
+    name: str = "response"
+    schema_: dict | bool = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class ResponseFormat(_Lenient):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(_Lenient):
+    """vLLM's `structured_outputs` (its older spelling: the `guided_*` fields)."""
+
+    json_: dict | bool | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = Field(default=None, min_length=1)
+    grammar: str | None = None  # llguidance's Lark dialect (vLLM takes EBNF here)
+
+
+class _Body(_Lenient):
     model: str
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
-    top_k: int | None = Field(default=None, ge=0)
+    top_k: int | None = Field(default=None, ge=-1)  # -1 (vLLM) and 0 both mean off
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     stop: Annotated[tuple[str, ...], PlainValidator(_stops)] | None = None
-    n: int | None = None
+    n: int = Field(default=1, ge=1, le=MAX_CHOICES)
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     user: str | None = None
+    metadata: dict[str, str] | None = None
+    presence_penalty: float = Field(default=0.0, ge=-2, le=2)
+    frequency_penalty: float = Field(default=0.0, ge=-2, le=2)
+    repetition_penalty: float = Field(default=1.0, gt=0, le=10)
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    min_tokens: int = Field(default=0, ge=0)
+    ignore_eos: bool = False
+    stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
+    skip_special_tokens: bool = True
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict | bool | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = Field(default=None, min_length=1)
+    guided_grammar: str | None = None
 
     def sampling(self) -> SamplingParams:
         return SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
-                              top_p=1.0 if self.top_p is None else self.top_p, top_k=self.top_k or 0)
+                              top_p=1.0 if self.top_p is None else self.top_p, top_k=max(self.top_k or 0, 0))
+
+    def logprob_alternatives(self) -> int | None:
+        """Alternatives per token when logprobs are asked for, else None (each endpoint spells it its way)."""
+        return None
+
+    def runs(self) -> int:
+        """Generations to run: n (completions' best_of may ask for more)."""
+        return self.n
+
+    def controls(self, vocab: int) -> Controls:
+        bias = []
+        for key, value in (self.logit_bias or {}).items():
+            if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab:
+                raise APIError(400, f"logit_bias: {key!r} is not a token id; ids are integers in [0, {vocab})",
+                               param="logit_bias", code="invalid_value")
+            bias.append((int(key), value))
+        for t in self.stop_token_ids or ():
+            if t >= vocab:
+                raise APIError(400, f"stop_token_ids: {t} is not a token id; ids are in [0, {vocab})",
+                               param="stop_token_ids", code="invalid_value")
+        return Controls(presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+                        repetition_penalty=self.repetition_penalty, logit_bias=tuple(bias), min_tokens=self.min_tokens,
+                        ignore_eos=self.ignore_eos, stop_token_ids=tuple(self.stop_token_ids or ()),
+                        logprobs=self.logprob_alternatives())
+
+    def grammar(self) -> tuple[str, Grammar] | None:
+        """The one output constraint asked for (its field and Grammar), if any: response_format,
+        structured_outputs or vLLM's guided_* fields."""
+        asked: list[tuple[str, Grammar]] = []
+        fmt = self.response_format
+        if fmt is not None and fmt.type == "json_object":
+            asked.append(("response_format", Grammar.json_object()))
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None:
+                raise APIError(400, "response_format: type json_schema needs a json_schema object",
+                               param="response_format.json_schema", code="invalid_value")
+            asked.append(("response_format", Grammar.json_schema(fmt.json_schema.schema_)))
+        so = self.structured_outputs or StructuredOutputs()
+        for name, value, make in (("json", so.json_, Grammar.json_schema), ("regex", so.regex, Grammar.regex),
+                                  ("choice", so.choice, Grammar.choice), ("grammar", so.grammar, Grammar.lark)):
+            if value is not None:
+                asked.append((f"structured_outputs.{name}", make(value)))
+        for name, value, make in (("guided_json", self.guided_json, Grammar.json_schema),
+                                  ("guided_regex", self.guided_regex, Grammar.regex),
+                                  ("guided_choice", self.guided_choice, Grammar.choice),
+                                  ("guided_grammar", self.guided_grammar, Grammar.lark)):
+            if value is not None:
+                asked.append((name, make(value)))
+        if len(asked) > 1:
+            raise APIError(400, f"{asked[1][0]}: only one output constraint per request, {asked[0][0]} is set too",
+                           param=asked[1][0], code="invalid_value")
+        return asked[0] if asked else None
 
 
 class ChatBody(_Body):
@@ -82,14 +204,38 @@ class ChatBody(_Body):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    skip_special_tokens: bool = True
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
     def parses_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
 
+    def logprob_alternatives(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs", code="invalid_value")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
 
 class CompletionBody(_Body):
     prompt: Annotated[str | list[int], PlainValidator(_prompt)]
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False
+    best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
+
+    def runs(self) -> int:
+        if self.best_of is None:
+            return self.n
+        if self.best_of < self.n:
+            raise APIError(400, f"best_of: {self.best_of} is less than n ({self.n})", param="best_of",
+                           code="invalid_value")
+        if self.stream and self.best_of > self.n:
+            raise APIError(400, "best_of: a stream cannot show the best choices before all have ended",
+                           param="best_of", code="invalid_value")
+        return self.best_of
+
+    def logprob_alternatives(self) -> int | None:
+        # best_of ranks the runs by their logprobs, asked for or not
+        return 0 if self.logprobs is None and self.runs() > self.n else self.logprobs
 
 
 def ready_engine() -> Engine:
@@ -101,7 +247,9 @@ def ready_engine() -> Engine:
 
 
 def parse(model: type[BaseModel]) -> BaseModel:
-    return model.model_validate_json(read_body())
+    body = model.model_validate_json(read_body())
+    log_ignored(body)
+    return body
 
 
 def read_body() -> bytes:
@@ -153,19 +301,35 @@ def check_request(eng: Engine, body: _Body) -> None:
     if body.model != eng.model_name:
         raise APIError(404, f"model {body.model!r} does not exist; this server serves {eng.model_name!r}",
                        param="model", code="model_not_found")
-    if body.n not in (None, 1):
-        raise APIError(400, f"n: only n=1 is supported, got {body.n}", param="n", code="invalid_value")
+
+
+def compile_grammar(eng: Engine, body: _Body, forced: tuple[str, Grammar] | None = None) -> str | None:
+    """The request's output constraint compiled for the engine; `forced` is one the server imposes
+    (a tool call), named by the field that asked for it."""
+    asked = body.grammar()
+    if asked is not None and forced is not None:
+        raise APIError(400, f"{asked[0]}: cannot be combined with {forced[0]}", param=asked[0], code="invalid_value")
+    asked = asked or forced
+    if asked is None:
+        return None
+    param, grammar = asked
+    try:
+        return eng.grammars.get().compile(grammar)
+    except GrammarError as exc:
+        raise APIError(400, f"{param}: the grammar engine refused it: {exc}", param=param, code="invalid_value") from None
 
 
 def submit(eng: Engine, body: _Body, prompt: list[int], max_tokens: int | None, param: str,
-           default: int | None = None, skip_special_tokens: bool = True) -> Job:
+           default: int | None = None, skip_special_tokens: bool = True,
+           forced: tuple[str, Grammar] | None = None) -> Job:
     try:
         budget = token_budget(eng.geometry, len(prompt), max_tokens, default)
     except DoesNotFit as exc:
         raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
-    job = Job(prompt, budget, body.sampling(), body.stop or (), body.seed, skip_special_tokens)
+    job = Job(prompt, budget, body.sampling(), body.stop or (), body.seed, controls=body.controls(eng.geometry.vocab),
+              grammar=compile_grammar(eng, body, forced), skip_special_tokens=skip_special_tokens)
     try:
-        return eng.submit(job)
+        return eng.submit(job, body.runs())
     except QueueFull as exc:
         raise APIError(503, str(exc), code="queue_full", headers={"Retry-After": RETRY_AFTER_S}) from None
     except NotReady as exc:  # it began to drain or failed since ready_engine()
@@ -174,8 +338,11 @@ def submit(eng: Engine, body: _Body, prompt: list[int], max_tokens: int | None, 
 
 # -- models ------------------------------------------------------------------------------------------
 def model_card(eng: Engine) -> dict:
+    """OpenAI's model object plus what clients read for the context size (vLLM's max_model_len)."""
     created = int(datetime.datetime.fromisoformat(eng.model.meta.created).timestamp())
-    return {"id": eng.model_name, "object": "model", "created": created, "owned_by": "gemma4-inf2"}
+    return {"id": eng.model_name, "object": "model", "created": created, "owned_by": "gemma4-inf2",
+            "root": eng.model.meta.name, "parent": None, "max_model_len": eng.geometry.kv_max,
+            "context_length": eng.geometry.kv_max}
 
 
 @bp.get("/models")
@@ -210,8 +377,8 @@ def chat_completions():
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # The reply's parser needs the special tokens as boundaries; it drops them from what it passes on.
     job = submit(eng, body, list(prompt), max_tokens, "messages", skip_special_tokens=False)
-    parser = ReplyParser(eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens)
-    return respond(job, body, _Shape(eng.model_name, parser))
+    parser = functools.partial(ReplyParser, eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens)
+    return respond(job, body, Shape(eng.model_name, token_bytes(eng), parser, logprobs=body.logprobs))
 
 
 @bp.post("/completions")
@@ -227,52 +394,20 @@ def completions():
         vocab = eng.geometry.vocab
         if not all(0 <= t < vocab for t in prompt):
             raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
-    job = submit(eng, body, list(prompt), body.max_tokens, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS)
-    return respond(job, body, _Shape(eng.model_name))
+    if body.echo and body.logprobs is not None:
+        raise APIError(400, "echo: with logprobs it needs the prompt's logprobs, which this server does not compute",
+                       param="echo", code="unsupported_parameter")
+    job = submit(eng, body, list(prompt), body.max_tokens, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS,
+                 skip_special_tokens=body.skip_special_tokens)
+    echo = "" if not body.echo else body.prompt if isinstance(body.prompt, str) else eng.tokenizer.decode(prompt)
+    return respond(job, body, Shape(eng.model_name, token_bytes(eng), logprobs=body.logprobs is not None, echo=echo))
+
+
+def token_bytes(eng: Engine):
+    return lambda tid: eng.grammars.get().tokenizer.decode_bytes([tid])
 
 
 # -- responses ---------------------------------------------------------------------------------------
-class _Shape:
-    """The parts of a response that differ between chat and text completions. A chat reply goes
-    through its parser: reasoning, content and tool calls, as whole messages or stream deltas."""
-
-    def __init__(self, model: str, parser: ReplyParser | None = None):
-        self.chat, self.model, self.parser = parser is not None, model, parser
-        self.id = f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
-        self.created = int(time.time())
-        self.reply = Reply()
-        self.text: list[str] = []
-
-    def envelope(self, choices: list, chunk: bool, **extra) -> dict:
-        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices} | extra
-
-    def deltas(self, text: str, end: bool = False) -> list[dict]:
-        """What a piece of generated text adds: a chat delta per reply piece, or the completion text.
-        At the end, what the chat parser still held."""
-        if not self.chat:
-            self.text.append(text)
-            return [{"text": text}] if text else []
-        pieces = self.parser.feed(text) if text else []
-        return [self.reply.add(p) for p in pieces + (self.parser.finish() if end else [])]
-
-    def finish_reason(self, reason: str) -> str:
-        return self.reply.finish_reason(reason) if self.chat else reason
-
-    def chunk(self, delta: dict | None, finish: str | None = None) -> dict:
-        body = ({"delta": delta or {}} if self.chat else {"text": (delta or {}).get("text", "")})
-        return self.envelope([{"index": 0} | body | {"logprobs": None, "finish_reason": finish}], chunk=True)
-
-    def whole(self, finish: str) -> dict:
-        body = {"message": self.reply.message()} if self.chat else {"text": "".join(self.text)}
-        return {"index": 0} | body | {"logprobs": None, "finish_reason": self.finish_reason(finish)}
-
-
-def usage(done: Finished) -> dict:
-    return {"prompt_tokens": done.prompt_tokens, "completion_tokens": done.completion_tokens,
-            "total_tokens": done.prompt_tokens + done.completion_tokens}
-
-
 def client_gone(environ) -> Callable[[], bool]:
     """Whether the client closed its connection while a whole answer is being made: its socket (which
     gunicorn hands the app) reads as closed. A stream notices by failing to write instead."""
@@ -291,47 +426,65 @@ def client_gone(environ) -> Callable[[], bool]:
     return gone
 
 
-def respond(job: Job, body: _Body, shape: _Shape):
+def respond(job: Job, body: _Body, shape: Shape):
     if body.stream:
-        include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        return Response(stream(job, shape, include_usage), mimetype="text/event-stream",
-                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-    for event in job.events(abandoned=client_gone(request.environ)):
-        if isinstance(event, Delta):
-            shape.deltas(event.text)
-        elif isinstance(event, Failed):
-            raise APIError(503, f"generation failed: {event.message}", code="engine_error")
-        else:
-            done = event
-    if done.reason == "cancelled":  # nobody reads this; the access log shows nginx's "client closed" status
-        raise APIError(499, "the client closed the connection before the answer was ready", code="client_closed")
-    shape.deltas("", end=True)
-    return jsonify(shape.envelope([shape.whole(done.reason)], chunk=False, usage=usage(done)))
+        opts = body.stream_options or StreamOptions()
+        return Response(stream(job, shape, body.n, opts.include_usage, opts.continuous_usage_stats),
+                        mimetype="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    return jsonify(whole(job, shape, body.n, body.runs(), abandoned=client_gone(request.environ)))
 
 
-def sse(obj: dict | str) -> str:
-    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, separators=(',', ':'))}\n\n"
+# -- vLLM's tokenizer routes ---------------------------------------------------------------------------
+class TokenizeBody(_Lenient):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[Message] | None = Field(default=None, min_length=1)
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
 
 
-def stream(job: Job, shape: _Shape, include_usage: bool):
-    """SSE chunks, then `data: [DONE]`. Leaving early (the client went away: the server closes this
-    generator) cancels the job, which frees its slot."""
-    try:
-        if shape.chat:
-            yield sse(shape.chunk({"role": "assistant", "content": ""}))
-        for event in job.events():
-            if isinstance(event, Delta):
-                for delta in shape.deltas(event.text):
-                    yield sse(shape.chunk(delta))
-            elif isinstance(event, Failed):
-                yield sse(APIError(503, f"generation failed: {event.message}", code="engine_error").body())
-                return
-            else:
-                for delta in shape.deltas("", end=True):
-                    yield sse(shape.chunk(delta))
-                yield sse(shape.chunk(None, shape.finish_reason(event.reason)))
-                if include_usage:
-                    yield sse(shape.envelope([], chunk=True, usage=usage(event)))
-        yield sse("[DONE]")
-    finally:
-        job.cancel()
+class DetokenizeBody(_Lenient):
+    model: str | None = None
+    tokens: list[Annotated[int, Field(ge=0)]]
+
+
+def _check_model(eng: Engine, model: str | None) -> None:
+    if model is not None and model != eng.model_name:
+        raise APIError(404, f"model {model!r} does not exist; this server serves {eng.model_name!r}",
+                       param="model", code="model_not_found")
+
+
+@vllm_bp.post("/tokenize")
+def tokenize_text():
+    body: TokenizeBody = parse(TokenizeBody)
+    eng = ready_engine()
+    _check_model(eng, body.model)
+    if (body.prompt is None) == (body.messages is None):
+        raise APIError(400, "give exactly one of prompt and messages", param="prompt", code="invalid_value")
+    if body.messages is not None:
+        try:
+            dicts = [m.template_dict(f"messages.{i}") for i, m in enumerate(body.messages)]
+            text = tokenize(lambda: eng.tokenizer.apply_chat_template(
+                dicts, add_generation_prompt=body.add_generation_prompt, tokenize=False))
+        except ChatTemplateError as exc:
+            raise APIError(400, f"{exc.param}: {exc}", param=exc.param, code="invalid_value") from None
+        except TemplateError as exc:
+            raise APIError(400, f"messages: the model's chat template refused them: {exc}", param="messages") from None
+        ids = tokenize(lambda: eng.tokenizer(text, add_special_tokens=False).input_ids)  # the template writes <bos>
+    else:
+        ids = tokenize(lambda: eng.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens).input_ids)
+    out: dict[str, Any] = {"count": len(ids), "max_model_len": eng.geometry.kv_max, "tokens": list(ids),
+                           "token_strs": eng.tokenizer.convert_ids_to_tokens(list(ids)) if body.return_token_strs else None}
+    return jsonify(out)
+
+
+@vllm_bp.post("/detokenize")
+def detokenize_ids():
+    body: DetokenizeBody = parse(DetokenizeBody)
+    eng = ready_engine()
+    _check_model(eng, body.model)
+    vocab = eng.geometry.vocab
+    if not all(t < vocab for t in body.tokens):
+        raise APIError(400, f"tokens: token ids must be in [0, {vocab})", param="tokens", code="invalid_value")
+    return jsonify({"prompt": eng.tokenizer.decode(body.tokens)})

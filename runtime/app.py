@@ -10,6 +10,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from . import errors
 from .api import bp as openai_bp
+from .api import vllm_bp
 from .engine import Engine, State
 from .errors import APIError
 from .settings import Settings
@@ -26,6 +27,7 @@ def create_app(config: Settings, engine: Engine | None = None) -> Flask:
     app.extensions["gemma4_engine"] = eng
     errors.register(app)
     app.register_blueprint(openai_bp)
+    app.register_blueprint(vllm_bp)
 
     @app.before_request
     def require_key():

@@ -33,7 +33,8 @@ def text_content(value) -> str | None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
+    # vLLM's field policy (runtime.api): known fields strictly typed, unknown ones kept aside, logged, ignored
+    model_config = ConfigDict(extra="allow", strict=True)
 
 
 class FunctionDef(_Strict):

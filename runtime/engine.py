@@ -10,6 +10,8 @@ their events."""
 
 from __future__ import annotations
 
+import collections
+import dataclasses
 import logging
 import queue
 import threading
@@ -24,11 +26,13 @@ from contract.artifact import Geometry, load_meta
 from contract.errors import Gemma4Error
 
 from .detok import TextStream
+from .grammar import LazyGrammars
+from .logits import Controls, TokenChooser, TokenLogprob
 from .metrics import Metrics
 from .model.loader import LoadedModel, load_artifact
 from .model.prefix import choose_slot
 from .model.slots import SlotState
-from .sampling import SamplingParams, sample
+from .sampling import SamplingParams
 from .settings import Settings, check_backend
 
 log = logging.getLogger("gemma4.engine")
@@ -82,6 +86,9 @@ def token_budget(geo: Geometry, prompt_len: int, max_tokens: int | None, default
 @dataclass(frozen=True)
 class Delta:
     text: str
+    index: int = 0  # the choice (n > 1)
+    completion_tokens: int = 0  # generated so far
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens generated since the last Delta (if asked for)
 
 
 @dataclass(frozen=True)
@@ -89,11 +96,14 @@ class Finished:
     reason: str  # stop | length | cancelled
     prompt_tokens: int
     completion_tokens: int
+    index: int = 0
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens no Delta carried
 
 
 @dataclass(frozen=True)
 class Failed:
     message: str
+    index: int = 0
 
 
 Event = Delta | Finished | Failed
@@ -109,7 +119,10 @@ class Job:
     sampling: SamplingParams
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    controls: Controls = Controls()
+    grammar: str | None = None  # compiled by Grammars.compile in the HTTP thread (a bad one is a 400 there)
     skip_special_tokens: bool = True
+    index: int = 0  # the choice this job produces; the n jobs of one request share one event queue
     accepted: float = field(default_factory=time.perf_counter)
     _events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -124,11 +137,12 @@ class Job:
     def put(self, event: Event) -> None:
         self._events.put(event)
 
-    def events(self, abandoned: Callable[[], bool] | None = None):
-        """Deltas, then exactly one Finished or Failed. `abandoned` (the client left?) is asked every
-        ABANDON_POLL_S meanwhile; once it says yes the job is cancelled and Finished("cancelled") follows."""
+    def events(self, choices: int = 1, abandoned: Callable[[], bool] | None = None):
+        """Deltas, then exactly one Finished or Failed per choice (of the `choices` jobs sharing the
+        queue). `abandoned` (the client left?) is asked every ABANDON_POLL_S meanwhile; once it says yes
+        the job is cancelled and a Finished("cancelled") follows per choice."""
         check = time.monotonic() + ABANDON_POLL_S
-        while True:
+        while choices:
             try:
                 event = self._events.get(timeout=None if abandoned is None else max(0.0, check - time.monotonic()))
             except queue.Empty:
@@ -141,7 +155,12 @@ class Job:
                 continue
             yield event
             if not isinstance(event, Delta):
-                return
+                choices -= 1
+
+    def choice(self, index: int) -> Job:
+        """Another choice of the same request: its own seed (seed + index), the same event queue."""
+        seed = None if self.seed is None else self.seed + index
+        return dataclasses.replace(self, index=index, seed=seed, _events=self._events, _cancelled=self._cancelled)
 
 
 @dataclass
@@ -151,9 +170,11 @@ class _Live:
     job: Job
     text: TextStream
     generator: torch.Generator
+    chooser: TokenChooser
     last_time: float
     last: int = -1  # the token to feed at the next decode step
     generated: int = 0
+    logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
 
 
 class Engine:
@@ -163,8 +184,12 @@ class Engine:
         self.state = State.LOADING
         self.reason = "loading the artifact"
         self.model: LoadedModel | None = None
+        self.grammars: LazyGrammars | None = None
         self.model_name = settings.model_name
-        self._queue: queue.Queue[Job] = queue.Queue(maxsize=settings.queue_max)
+        # A request's n choices are queued as one item (they count as one waiting request); the
+        # engine thread takes them into slots as slots free up, ahead of the next request.
+        self._queue: queue.Queue[list[Job]] = queue.Queue(maxsize=settings.queue_max)
+        self._choices: collections.deque[Job] = collections.deque()
         self._lock = threading.Lock()  # state changes vs. submissions: no job is queued after the drain
         self._closing = threading.Event()
         self._settled = threading.Event()  # set once ready, failed or stopped
@@ -231,6 +256,7 @@ class Engine:
         try:
             check_backend(self.settings, load_meta(self.settings.artifact).backend)
             self.model = load_artifact(self.settings.artifact)
+            self.grammars = LazyGrammars(self.model.tokenizer, self.geometry.vocab, self.model.meta.eos_token_ids)
             self.model_name = self.settings.model_name or self.model.meta.name
             self.metrics.slots.set(self.geometry.batch)
             self._set(State.SELF_TEST, f"{len(self.model.meta.golden)} golden prompt(s)")
@@ -272,12 +298,13 @@ class Engine:
     def queue_depth(self) -> int:
         return self._queue.qsize()
 
-    def submit(self, job: Job) -> Job:
+    def submit(self, job: Job, choices: int = 1) -> Job:
+        """Queue a job with its other choices (n > 1: seeds seed + i, one event queue)."""
         with self._lock:
             if self.state is not State.READY:
                 raise NotReady(f"the model is not ready ({self.state.value}: {self.reason})")
             try:
-                self._queue.put_nowait(job)
+                self._queue.put_nowait([job] + [job.choice(i) for i in range(1, choices)])
             except queue.Full:
                 raise QueueFull(f"all {self.geometry.batch} slot(s) are busy and {self.settings.queue_max} "
                                 "request(s) are already waiting; retry shortly") from None
@@ -287,12 +314,15 @@ class Engine:
         """After the state left READY (so nothing new is queued): fail every waiting and running job."""
         while True:
             try:
-                self._queue.get_nowait().put(Failed(message))
+                self._choices.extend(self._queue.get_nowait())
             except queue.Empty:
                 break
+        while self._choices:
+            job = self._choices.popleft()
+            job.put(Failed(message, job.index))
         for slot, live in self._busy().items():
             self.model.runner.free(slot)
-            live.job.put(Failed(message))
+            live.job.put(Failed(message, live.job.index))
 
     # -- scheduling (engine thread only) ---------------------------------------------------------
     def _admit(self) -> None:
@@ -300,12 +330,15 @@ class Engine:
         briefly for work only when nothing runs."""
         runner = self.model.runner
         while free := sorted((s for s in runner.slots if s.free), key=lambda s: s.released):
-            try:
-                job = self._queue.get_nowait() if self._busy() else self._queue.get(timeout=IDLE_POLL_S)
-            except queue.Empty:
-                return
+            if not self._choices:
+                try:
+                    self._choices.extend(self._queue.get_nowait() if self._busy()
+                                         else self._queue.get(timeout=IDLE_POLL_S))
+                except queue.Empty:
+                    return
+            job = self._choices.popleft()
             if job.cancelled:
-                job.put(Finished("cancelled", len(job.prompt), 0))
+                job.put(Finished("cancelled", len(job.prompt), 0, job.index))
                 continue
             reuse = self.settings.prefix_reuse
             slot, reused = choose_slot(self.geometry, {s.index: s.tokens if reuse else None for s in free}, job.prompt)
@@ -314,9 +347,15 @@ class Engine:
             if job.seed is None:
                 generator.seed()
             else:
-                generator.manual_seed(job.seed)
+                generator.manual_seed(job.seed % 2**64)
+            try:
+                matcher = None if job.grammar is None else self.grammars.get().matcher(job.grammar)
+            except ValueError as exc:  # checked at submission: only a matcher that cannot start gets here
+                job.put(Failed(f"the grammar cannot start: {exc}", job.index))
+                continue
+            chooser = TokenChooser(job.controls, job.prompt, self.model.meta.eos_token_ids, matcher)
             text = TextStream(self.tokenizer, job.stop, job.skip_special_tokens)
-            runner.slots[slot].request = _Live(job, text, generator, job.accepted)
+            runner.slots[slot].request = _Live(job, text, generator, chooser, job.accepted)
             runner.start(slot, job.prompt, reused)
 
     def _step(self) -> None:
@@ -346,20 +385,27 @@ class Engine:
             self._call_started = None
 
     def _accept(self, slot: int, logits: torch.Tensor) -> None:
-        """Sample the next token of a slot from its logits and pass on the text it completes."""
+        """Choose the next token of a slot from its logits and pass on the text it completes."""
         live = self.model.runner.slots[slot].request
         job = live.job
-        token = sample(logits, job.sampling, self.geometry.softcap, live.generator)
+        try:
+            token, logprob = live.chooser.choose(logits, job.sampling, self.geometry.softcap, live.generator)
+        except ValueError as exc:  # a grammar that cannot go on: this request fails, the others go on
+            self.model.runner.free(slot)
+            return job.put(Failed(f"constrained decoding failed: {exc}", job.index))
         now = time.perf_counter()
         (self.metrics.token_latency if live.generated else self.metrics.ttft).observe(now - live.last_time)
         self.metrics.tokens.inc()
         live.last_time, live.last = now, token
         live.generated += 1
-        if token in self.model.meta.eos_token_ids:
+        if live.chooser.ends_generation(token):  # an end id is not part of the reply: no logprob either
             return self._finish(slot, "stop")
+        if logprob is not None:
+            live.logprobs.append(logprob)
         text = live.text.push(token)
         if text:
-            job.put(Delta(text))
+            job.put(Delta(text, job.index, live.generated, tuple(live.logprobs)))
+            live.logprobs.clear()
         if live.text.stopped:
             self._finish(slot, "stop")
         elif live.generated >= job.max_tokens:
@@ -367,11 +413,13 @@ class Engine:
 
     def _finish(self, slot: int, reason: str) -> None:
         live = self.model.runner.slots[slot].request
+        job = live.job
         self.model.runner.free(slot)
         if reason != "cancelled" and not live.text.stopped:
             rest = live.text.flush()
             if rest:
-                live.job.put(Delta(rest))
+                job.put(Delta(rest, job.index, live.generated, tuple(live.logprobs)))
+                live.logprobs.clear()
             if live.text.stopped:  # a stop string completed by the flush (one holding U+FFFD)
                 reason = "stop"
-        live.job.put(Finished(reason, len(live.job.prompt), live.generated))
+        job.put(Finished(reason, len(job.prompt), live.generated, job.index, tuple(live.logprobs)))

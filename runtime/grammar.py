@@ -21,13 +21,15 @@ from typing import Literal
 
 import numpy as np
 
+from contract.errors import Gemma4Error
+
 Kind = Literal["json_schema", "json_object", "regex", "choice", "lark"]
 
 # Compact JSON: a random or weak model would otherwise spend its budget on whitespace the grammar allows.
 JSON_OPTIONS = {"whitespace_flexible": False}
 
 
-class GrammarError(ValueError):
+class GrammarError(Gemma4Error, ValueError):
     """A grammar llguidance refuses, or a token its matcher cannot take (llguidance's message, on one
     line: it points at the fault with a caret over several)."""
 
@@ -116,12 +118,22 @@ class Matcher:
             raise GrammarError(self._m.get_error())
         self._bits = np.zeros((vocab_words(self.vocab),), dtype=np.int32)
 
-    def allowed(self) -> np.ndarray:
-        """(V,) bool: the tokens the grammar accepts next (an end-of-generation id once it may stop)."""
+    def _compute(self) -> np.ndarray:
+        """The next token's bitmask, 32 ids per int32 word, bit i of word w = id 32w + i."""
         self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         if self._m.is_error():
             raise GrammarError(self._m.get_error())
-        return np.unpackbits(self._bits.view(np.uint8), bitorder="little")[: self.vocab].view(bool)
+        return self._bits
+
+    def allowed(self) -> np.ndarray:
+        """(V,) bool: the tokens the grammar accepts next (an end-of-generation id once it may stop)."""
+        return _unpack(self._compute(), self.vocab)
+
+    def mask(self, x: np.ndarray) -> np.ndarray:
+        """-inf, in place, wherever the grammar forbids the next token; x: a float32 row (V,) the caller
+        owns. The forbidden ids are unpacked from the inverted bitmask: no (V,) negation pass."""
+        np.copyto(x, np.float32(-np.inf), where=_unpack(~self._compute(), self.vocab))
+        return x
 
     def accept(self, token: int) -> None:
         if not self._m.consume_token(token):
@@ -144,10 +156,8 @@ def vocab_words(vocab: int) -> int:
     return (vocab + 31) // 32
 
 
-def mask_logits(x: np.ndarray, allowed: np.ndarray) -> np.ndarray:
-    """-inf wherever the grammar forbids, in place on a float32 row (V,)."""
-    np.copyto(x, np.float32(-np.inf), where=~allowed)
-    return x
+def _unpack(bits: np.ndarray, vocab: int) -> np.ndarray:
+    return np.unpackbits(bits.view(np.uint8), bitorder="little")[:vocab].view(bool)
 
 
 class LazyGrammars:

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .grammar import Matcher, mask_logits
+from .grammar import Matcher
 from .sampling import SamplingParams, distribution, draw, row_weights, sample, softcap, top_candidates
 
 
@@ -48,13 +48,18 @@ class TokenLogprob:
     top: tuple[tuple[int, float], ...]  # the most likely ids and their logprobs, best first
 
 
+def float_row(logits: torch.Tensor) -> np.ndarray:
+    """The raw row as a float32 array of its own (a bf16 row's conversion already is one)."""
+    row = logits.float()
+    return row.numpy().copy() if row is logits else row.numpy()
+
+
 def capped_row(logits: torch.Tensor, cap: float | None) -> np.ndarray:
     """softcap(raw row) as a fresh float32 array: cap * tanh(x / cap) = 2 * cap * sigmoid(2x / cap) - cap,
     in torch's vectorised sigmoid (tanh costs ~4x more at 262,144 values)."""
-    row = logits.float()
     if not cap:
-        return row.numpy().copy() if row is logits else row.numpy()
-    return torch.mul(row, 2.0 / cap).sigmoid_().mul_(2.0 * cap).sub_(cap).numpy()
+        return float_row(logits)
+    return torch.mul(logits.float(), 2.0 / cap).sigmoid_().mul_(2.0 * cap).sub_(cap).numpy()
 
 
 def logprobs(logits: torch.Tensor, token: int, k: int, cap: float | None) -> TokenLogprob:
@@ -102,7 +107,7 @@ class TokenChooser:
             if c.penalised or self.bias.size:
                 x, cap_left = capped_row(logits, cap), None
             else:  # bans and the mask commute with the (monotonic) softcap: sampling still applies it
-                x, cap_left = logits.float().numpy().copy(), cap
+                x, cap_left = float_row(logits), cap
             self._shape(x, banned)
             if params.greedy:
                 token = int(x.argmax())
@@ -133,7 +138,7 @@ class TokenChooser:
         if banned and self.ends:
             x[list(self.ends)] = -np.inf
         if self.matcher is not None:
-            mask_logits(x, self.matcher.allowed())
+            self.matcher.mask(x)
 
     def ends_generation(self, token: int) -> bool:
         """An end-of-generation id (unless ignore_eos) or one of the request's stop_token_ids."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
 
+import jsonschema
 import pytest
 
 from runtime.app import create_app
@@ -132,12 +134,32 @@ TOO_LONG = "hello world " * 40  # > 64 tokens, the context of tiny-e2b
     (CHAT, {"model": MODEL, "messages": HI, "temperature": "hot"}, 400, "temperature", None),
     (CHAT, {"model": MODEL, "messages": HI, "temperature": 3}, 400, "temperature", None),
     (CHAT, {"model": MODEL, "messages": HI, "top_p": 0}, 400, "top_p", None),
-    (CHAT, {"model": MODEL, "messages": HI, "top_k": -1}, 400, "top_k", None),
+    (CHAT, {"model": MODEL, "messages": HI, "top_k": -2}, 400, "top_k", None),
     (CHAT, {"model": MODEL, "messages": HI, "stream": "yes"}, 400, "stream", None),
     (CHAT, {"model": MODEL, "messages": HI, "stop": 5}, 400, "stop", None),
     (CHAT, {"model": MODEL, "messages": HI, "stop": [""]}, 400, "stop", None),
-    (CHAT, {"model": MODEL, "messages": HI, "n": 2}, 400, "n", None),
-    (CHAT, {"model": MODEL, "messages": HI, "logprobs": True}, 400, "logprobs", "unsupported_parameter"),
+    (CHAT, {"model": MODEL, "messages": HI, "n": 129}, 400, "n", None),
+    (CHAT, {"model": MODEL, "messages": HI, "n": 0}, 400, "n", None),
+    (CHAT, {"model": MODEL, "messages": HI, "logprobs": "yes"}, 400, "logprobs", None),
+    (CHAT, {"model": MODEL, "messages": HI, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", None),
+    (CHAT, {"model": MODEL, "messages": HI, "top_logprobs": 2}, 400, "top_logprobs", None),
+    (CHAT, {"model": MODEL, "messages": HI, "presence_penalty": 3}, 400, "presence_penalty", None),
+    (CHAT, {"model": MODEL, "messages": HI, "repetition_penalty": 0}, 400, "repetition_penalty", None),
+    (CHAT, {"model": MODEL, "messages": HI, "logit_bias": {"abc": 1}}, 400, "logit_bias", None),
+    (CHAT, {"model": MODEL, "messages": HI, "logit_bias": {"5": 101}}, 400, "logit_bias.5", None),
+    (CHAT, {"model": MODEL, "messages": HI, "logit_bias": {"99999": 1}}, 400, "logit_bias", None),
+    (CHAT, {"model": MODEL, "messages": HI, "stop_token_ids": [99999]}, 400, "stop_token_ids", None),
+    (CHAT, {"model": MODEL, "messages": HI, "min_tokens": -1}, 400, "min_tokens", None),
+    (CHAT, {"model": MODEL, "messages": HI, "ignore_eos": "no"}, 400, "ignore_eos", None),
+    (CHAT, {"model": MODEL, "messages": HI, "stream_options": {"include_usage": 1}}, 400,
+     "stream_options.include_usage", None),
+    (CHAT, {"model": MODEL, "messages": HI, "response_format": {"type": "xml"}}, 400, "response_format.type", None),
+    (CHAT, {"model": MODEL, "messages": HI, "response_format": {"type": "json_schema"}}, 400,
+     "response_format.json_schema", None),
+    (CHAT, {"model": MODEL, "messages": HI, "response_format": {"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "wat"}}}}, 400, "response_format", None),
+    (CHAT, {"model": MODEL, "messages": HI, "guided_regex": "(", "guided_choice": ["a"]}, 400, "guided_choice", None),
+    (CHAT, {"model": MODEL, "messages": HI, "guided_regex": "("}, 400, "guided_regex", None),
     (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 100}, 400, "messages", "context_length_exceeded"),
     (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": TOO_LONG}]}, 400, "messages",
      "context_length_exceeded"),
@@ -145,7 +167,8 @@ TOO_LONG = "hello world " * 40  # > 64 tokens, the context of tiny-e2b
     (COMPLETIONS, {"model": MODEL, "prompt": []}, 400, "prompt", None),
     (COMPLETIONS, {"model": MODEL, "prompt": [1, 99999]}, 400, "prompt", None),
     (COMPLETIONS, {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", None),
-    (COMPLETIONS, {"model": MODEL, "prompt": "x", "echo": True}, 400, "echo", "unsupported_parameter"),
+    (COMPLETIONS, {"model": MODEL, "prompt": "x", "logprobs": 6}, 400, "logprobs", None),
+    (COMPLETIONS, {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", "unsupported_parameter"),
 ])
 def test_bad_input_gets_a_4xx_json_error_and_the_server_stays_ready(client, path, body, status, param, code):
     resp = client.post(path, data=body) if isinstance(body, bytes) else client.post(path, json=body)
@@ -324,3 +347,123 @@ def test_liveness_fails_while_a_device_call_is_stuck(compiled, monkeypatch):
         assert client.get("/health").status_code == 200
     finally:
         engine.close()
+
+
+def test_settings_from_the_environment(tmp_path):
+    s = Settings.from_env({"GEMMA4_ARTIFACT": str(tmp_path), "GEMMA4_API_KEY": "", "GEMMA4_QUEUE_MAX": "3"})
+    assert (s.queue_max, s.api_key, s.backend, s.port, s.max_body_bytes) == (3, None, "auto", 8080, 1 << 20)
+    assert Settings.from_env(s.to_env()) == s
+    with pytest.raises(Exception):
+        s.queue_max = 4  # frozen: parsed once at the edge
+
+
+@pytest.mark.parametrize("var,value", [
+    ("GEMMA4_ARTIFACT", None), ("GEMMA4_ARTIFACT", "/no/such/dir"), ("GEMMA4_QUEUE_MAX", "lots"),
+    ("GEMMA4_QUEUE_MAX", "0"), ("GEMMA4_PORT", "70000"), ("GEMMA4_BACKEND", "gpu"), ("GEMMA4_MAX_BODY_BYTES", "10"),
+])
+def test_a_bad_setting_is_one_error_naming_the_variable(tmp_path, var, value):
+    from runtime.settings import SettingsError
+
+    env = {"GEMMA4_ARTIFACT": str(tmp_path)} | {var: value}
+    env = {k: v for k, v in env.items() if v is not None}
+    with pytest.raises(SettingsError, match=f"^{var}") as info:
+        Settings.from_env(env)
+    assert "\n" not in str(info.value)
+
+
+def test_serve_checks_the_artifact_before_starting_gunicorn(compiled, tmp_path):
+    from contract.artifact import ArtifactError
+    from runtime.serve import run
+    from runtime.settings import SettingsError
+
+    with pytest.raises(ArtifactError, match="artifact.json is missing"):
+        run({"GEMMA4_ARTIFACT": str(tmp_path)})
+    with pytest.raises(SettingsError, match="GEMMA4_BACKEND=neuron.*compiled for the cpu backend"):
+        run({"GEMMA4_ARTIFACT": str(compiled("tiny-e2b", "fp32")), "GEMMA4_BACKEND": "neuron"})
+
+
+def test_unknown_fields_are_ignored_and_logged_once_neutral_values_accepted(client, caplog):
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi", "x_note": 1}], "max_tokens": 3,
+            "temperature": 0, "x_vendor": {"a": 1}, "stream_options": {"include_usage": False, "x_opt": 1},
+            # what clients send with neutral values
+            "presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "response_format": {"type": "text"},
+            "n": 1, "user": "u-1", "metadata": {"k": "v"}, "max_completion_tokens": 3, "top_k": -1,
+            "repetition_penalty": 1.0, "skip_special_tokens": True, "logit_bias": {}, "stop_token_ids": []}
+    plain = client.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
+                                    "max_tokens": 3, "temperature": 0}).get_json()
+    with caplog.at_level("WARNING", logger="gemma4.api"):
+        first = client.post(CHAT, json=body)
+        second = client.post(CHAT, json=body)
+    assert first.status_code == second.status_code == 200
+    assert first.get_json()["choices"][0]["message"] == plain["choices"][0]["message"]
+    logged = [r.getMessage() for r in caplog.records if "is ignored" in r.getMessage()]
+    assert sorted(m.split("'")[1] for m in logged) == ["messages[].x_note", "stream_options.x_opt", "x_vendor"]
+
+
+SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+                                           "rank": {"type": "integer", "minimum": 1, "maximum": 9},
+                                           "kind": {"enum": ["town", "capital"]}},
+          "required": ["city", "rank", "kind"], "additionalProperties": False}
+
+
+@pytest.mark.parametrize("extra,check", [
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA, "strict": True}}},
+     lambda text: jsonschema.validate(json.loads(text), SCHEMA)),
+    ({"structured_outputs": {"choice": ["Paris", "Rome"]}}, lambda text: text in ("Paris", "Rome")),
+    ({"guided_regex": "[0-9]{2}-[a-z]{3}"}, lambda text: re.fullmatch("[0-9]{2}-[a-z]{3}", text)),
+    ({"guided_json": SCHEMA}, lambda text: jsonschema.validate(json.loads(text), SCHEMA)),
+])
+def test_structured_outputs_hold_on_the_random_model(client, extra, check):
+    for stream in (False, True):
+        for seed in range(2):
+            body = {"model": MODEL, "messages": HI, "max_tokens": 40, "temperature": 1.0, "seed": seed,
+                    "stream": stream} | extra
+            resp = client.post(CHAT, json=body)
+            if stream:
+                events = sse_events(resp.get_data())
+                text = "".join(e["choices"][0]["delta"].get("content") or "" for e in events)
+                finish = events[-1]["choices"][0]["finish_reason"]
+            else:
+                choice = resp.get_json()["choices"][0]
+                text, finish = choice["message"]["content"], choice["finish_reason"]
+            assert finish == "stop", text
+            assert check(text) is not False, text
+
+
+def test_models_tokenize_and_detokenize(client, engine):
+    card = client.get("/v1/models").get_json()["data"][0]
+    assert card["max_model_len"] == card["context_length"] == engine.geometry.kv_max
+    tok = client.post("/tokenize", json={"model": MODEL, "prompt": "hello world"}).get_json()
+    assert tok["tokens"] == engine.tokenizer("hello world").input_ids and tok["count"] == len(tok["tokens"])
+    assert tok["max_model_len"] == engine.geometry.kv_max
+    chat = client.post("/tokenize", json={"messages": HI}).get_json()
+    assert chat["tokens"] == list(engine.tokenizer.apply_chat_template(HI, add_generation_prompt=True, tokenize=True,
+                                                                       return_dict=False))
+    back = client.post("/detokenize", json={"model": MODEL, "tokens": tok["tokens"][1:]}).get_json()
+    assert back == {"prompt": "hello world"}
+    assert_error(client.post("/tokenize", json={"prompt": "a", "messages": HI}), 400, "prompt")
+    assert_error(client.post("/detokenize", json={"tokens": [10**7]}), 400, "tokens")
+    assert_error(client.post("/detokenize", json={"model": "gpt-4", "tokens": [1]}), 404, "model")
+
+
+def test_n_choices_take_turns_on_a_single_slot(client):
+    body = {"model": MODEL, "messages": HI, "max_tokens": 5, "temperature": 0, "n": 2}
+    reply = client.post(CHAT, json=body).get_json()
+    assert [c["message"]["content"] for c in reply["choices"]] == [reply["choices"][0]["message"]["content"]] * 2
+    assert reply["usage"]["completion_tokens"] == 10
+
+
+def test_a_forced_grammar_compiles_and_refuses_a_second_constraint(engine):
+    from runtime.api import ChatBody, compile_grammar
+    from runtime.errors import APIError
+    from runtime.grammar import Grammar
+
+    forced = ("tool_choice", Grammar.lark('start: "call:" /[a-z]+/'))
+    plain = ChatBody.model_validate({"model": MODEL, "messages": HI})
+    assert isinstance(compile_grammar(engine, plain, forced), str)
+    with pytest.raises(APIError, match="tool_choice") as info:
+        compile_grammar(engine, plain, ("tool_choice", Grammar.lark("start: nope")))
+    assert info.value.param == "tool_choice"
+    both = ChatBody.model_validate({"model": MODEL, "messages": HI, "guided_regex": "a+"})
+    with pytest.raises(APIError, match="guided_regex: cannot be combined with tool_choice"):
+        compile_grammar(engine, both, forced)

@@ -14,7 +14,8 @@ from rich.console import Console
 import gemma4_port.bench as bench_module
 from gemma4_port.bench import Settings, in_child, run_bench, server_env
 from gemma4_port.bench.report import (
-    BATCH_STREAMS, CHUNKED_P99_GOAL, HOST_P50_GOAL_US, MEMORY_SLACK_MB, REUSE_TTFT_GOAL, SPEEDUP_GOAL, print_report,
+    BATCH_STREAMS, CHUNKED_P99_GOAL, GRAMMAR_CASE, GRAMMAR_P50_GOAL_US, HOST_P50_GOAL_US, MEMORY_SLACK_MB,
+    REUSE_TTFT_GOAL, SPEEDUP_GOAL, print_report,
     write,
 )
 from gemma4_port.bench.server import imported_modules
@@ -40,8 +41,11 @@ def bench(compiled, tmp_path_factory):
 def test_json_has_every_section_and_round_trips(bench):
     result, json_path, _ = bench
     saved = json.loads(json_path.read_text())
-    assert set(saved) >= {"meta", "throughput", "host_overhead", "batching", "concurrency", "long_context", "memory",
-                          "targets", "samples", "plot"}
+    assert set(saved) >= {"meta", "throughput", "host_overhead", "constrained", "batching", "concurrency",
+                          "long_context", "memory", "targets", "samples", "plot"}
+    cases = saved["constrained"]["cases"]
+    assert saved["constrained"]["vocab"] == 262_144 and cases["greedy + grammar (json_schema)"]["mask_us"]["n"] == 20
+    assert set(cases) >= {"greedy step (no constraint)", "logprobs, top 0", "logprobs, top 20"}
     assert saved["throughput"]["new_tokens"] == QUICK.new_tokens
     assert set(saved["host_overhead"]["samplers"]) >= set(HOST_P50_GOAL_US)
     assert saved["host_overhead"]["geometry"]["vocab"] == 262_144
@@ -96,6 +100,9 @@ def test_verdicts_follow_the_numbers(bench):
     greedy = by_name["host per step p50, greedy (us)"]
     assert greedy["value"] == result["host_overhead"]["samplers"]["greedy"]["step_us"]["p50"]
     assert greedy["passed"] == (greedy["value"] < HOST_P50_GOAL_US["greedy"])
+    grammar = by_name[f"host per step p50, {GRAMMAR_CASE} (us)"]
+    assert grammar["value"] == result["constrained"]["cases"][GRAMMAR_CASE]["step_us"]["p50"]
+    assert grammar["passed"] == (grammar["value"] < GRAMMAR_P50_GOAL_US)
     rss = by_name["slim server RSS (MB)"]
     assert rss["passed"] == (result["memory"]["server_rss_mb"] <= result["memory"]["budget_mb"])
     reuse = by_name["second-turn TTFT, prefill again / reuse the prefix"]

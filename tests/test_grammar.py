@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gemma4_port.tokenizer import EOS_ID, END_TURN_ID, train_tokenizer
-from runtime.grammar import Grammar, GrammarError, Grammars, mask_logits
+from runtime.grammar import Grammar, GrammarError, Grammars
 
 VOCAB = 1024
 EOS = (EOS_ID, END_TURN_ID)
@@ -58,7 +58,7 @@ def random_model_output(grammars: Grammars, tokenizer, grammar: Grammar, seed: i
     rng = np.random.default_rng(seed)
     matcher, out = grammars.matcher(grammar), []
     for _ in range(steps):
-        x = mask_logits(rng.standard_normal(VOCAB).astype(np.float32) * 3, matcher.allowed())
+        x = matcher.mask(rng.standard_normal(VOCAB).astype(np.float32) * 3)
         p = np.exp(x - x.max())
         token = int(rng.choice(VOCAB, p=p / p.sum()))
         if token in EOS:
@@ -88,6 +88,7 @@ def test_json_object_regex_and_choice(grammars, tokenizer):
     matcher = grammars.matcher(Grammar.json_object())
     allowed = matcher.allowed()
     assert allowed.shape == (VOCAB,) and list(np.flatnonzero(allowed)) == [tokenizer.convert_tokens_to_ids("{")]
+    assert np.array_equal(np.isfinite(matcher.mask(np.zeros(VOCAB, np.float32))), allowed)
 
 
 def test_eos_is_allowed_only_where_the_grammar_may_stop(grammars, tokenizer):

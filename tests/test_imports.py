@@ -12,7 +12,9 @@ from support.sources import project_modules
 # What the build package may take from the server: the load path verify shares with it. The host
 # overhead bench also times the server's own per-token host work (sampling, detokenising).
 RUNTIME_FOR_BUILD = {"runtime", "runtime.model", "runtime.model.loader"}
-RUNTIME_FOR_BENCH = {"gemma4_port.bench.host_overhead": {"runtime.sampling", "runtime.detok"}}
+RUNTIME_FOR_BENCH = {"gemma4_port.bench.host_overhead": {"runtime.sampling", "runtime.detok"},
+                     # it times the server's constrained choice and logprobs with the server's own code
+                     "gemma4_port.bench.constrained": {"runtime.grammar", "runtime.logits", "runtime.sampling"}}
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:

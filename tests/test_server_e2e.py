@@ -11,8 +11,10 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
 import openai
+import pydantic
 import pytest
 import requests
 
@@ -171,7 +173,7 @@ BAD = [
     ({"model": MODEL, "messages": []}, 400, "invalid_value"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hello world " * 40}]}, 400, "context_length_exceeded"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60}, 400, "context_length_exceeded"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 3}, 400, "invalid_value"),
+    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 0}, 400, "invalid_value"),
     ({"model": MODEL, "prompt": "x" * 70_000}, 413, "request_entity_too_large"),
 ]
 
@@ -211,6 +213,37 @@ def test_seed_stop_and_finish_reasons_through_the_client(servers):
     stop = text[2:5]
     stopped, finish, _ = chat(client, CHATS[1], stream=True, stop=[stop])
     assert finish == "stop" and stopped == text[: text.find(stop)]
+
+
+class Place(pydantic.BaseModel):
+    city: str = pydantic.Field(max_length=12)
+    rank: int = pydantic.Field(ge=1, le=9)
+    kind: Literal["town", "capital"]
+
+
+def test_the_client_parses_structured_output_into_its_model(servers):
+    client = servers["b4"].client()
+    for seed in range(3):
+        r = client.chat.completions.parse(model=MODEL, messages=[{"role": "user", "content": "A place?"}],
+                                          response_format=Place, max_tokens=40, seed=seed)
+        place = r.choices[0].message.parsed
+        assert isinstance(place, Place) and r.choices[0].finish_reason == "stop"
+
+
+def test_n_and_logprobs_through_the_client(servers):
+    client = servers["b4"].client()
+    args = dict(model=MODEL, messages=[{"role": "user", "content": CHATS[0]}], max_tokens=8)
+    greedy = client.chat.completions.create(n=3, temperature=0, logprobs=True, top_logprobs=2, **args)
+    assert [c.index for c in greedy.choices] == [0, 1, 2]
+    assert len({c.message.content for c in greedy.choices}) == 1
+    content = greedy.choices[0].logprobs.content
+    assert b"".join(bytes(t.bytes) for t in content).decode() == greedy.choices[0].message.content
+    assert all(t.top_logprobs[0].token == t.token for t in content)
+    sampled = [[c.message.content for c in client.chat.completions.create(n=3, temperature=1.5, seed=5, **args).choices]
+               for _ in range(2)]
+    assert sampled[0] == sampled[1] and len(set(sampled[0])) > 1
+    text = client.completions.create(model=MODEL, prompt="hello", max_tokens=5, temperature=0, logprobs=2)
+    assert "".join(text.choices[0].logprobs.tokens) == text.choices[0].text
 
 
 def test_sigterm_finishes_the_request_in_flight_then_exits(servers):

@@ -29,7 +29,7 @@ from contract.tokenizer import load_tokenizer
 
 from .. import ROOT
 from ..manifest import Manifest, Variant, load_manifest, parse_manifest
-from . import batching, concurrency, host_overhead, longctx, memory, report, throughput
+from . import batching, concurrency, constrained, host_overhead, longctx, memory, report, throughput
 from .errors import BenchError
 from .server import Server
 
@@ -166,6 +166,8 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
         throughput.measure, folder, settings.new_tokens, settings.repeats, settings.warmup_calls)
     console.log(f"host overhead: {settings.host_steps} steps per sampler at the real vocabulary")
     result["host_overhead"] = host_overhead.measure(load_tokenizer(folder / "tokenizer"), settings.host_steps)
+    console.log(f"constrained decoding and logprobs: {settings.host_steps} steps each at the real vocabulary")
+    result["constrained"] = constrained.measure(settings.host_steps)
     console.log(f"batching: batch 1 and batch 4 in process, every slot busy, {settings.batching_rounds} rounds each")
     result["batching"] = in_child(batching.measure, b1, b4, settings.max_tokens, settings.batching_rounds)
     servers, gaps = _serve({"b1": b1, "b4": b4}, settings, work / "logs", console)

@@ -17,6 +17,7 @@ SPEEDUP_GOAL = {"tiny": 2.0, "small": 1.0}
 # top-p without top-k is measured and shown, not targeted: an exact nucleus needs two transcendental
 # passes over the whole vocabulary (~0.6-0.9 ms on the bench CPU), whatever the code around them.
 HOST_P50_GOAL_US = {"greedy": 200.0, "top_k_top_p": 1000.0}
+GRAMMAR_CASE, GRAMMAR_P50_GOAL_US = "greedy + grammar (json_schema)", 1000.0  # the whole masked choice
 BATCH_STREAMS, BATCH_GOAL = 4, 3.0
 # Long prompts: a reused prefix must make the second turn's first token faster, and one chunk between
 # decode steps must make the running streams' worst gaps shorter than whole-prompt prefills do.
@@ -51,6 +52,9 @@ def targets(result: dict) -> list[Target]:
     for name, us in HOST_P50_GOAL_US.items():
         p50 = result["host_overhead"]["samplers"][name]["step_us"]["p50"]
         out.append(Target(f"host per step p50, {name} (us)", p50, f"< {us:g}", p50 < us))
+    grammar = result["constrained"]["cases"][GRAMMAR_CASE]["step_us"]["p50"]
+    out.append(Target(f"host per step p50, {GRAMMAR_CASE} (us)", grammar, f"< {GRAMMAR_P50_GOAL_US:g}",
+                      grammar < GRAMMAR_P50_GOAL_US))
     ratio = batching_ratio(result["concurrency"])
     if ratio is not None:
         in_process = result["batching"]["ratio_with_prefills"]
@@ -107,6 +111,17 @@ def print_report(result: dict, console: Console | None = None) -> None:
         nucleus = f"{dist['nucleus_tokens']:,} ({dist['entropy_nats']:.1f} nats)" if dist else ""
         t.add_row(name, nucleus, *(_f(p[k]["p50"]) for k in ("embed", "inputs", "logits_row", "sample", "detok")),
                   _f(s["step_us"]["p50"]), _f(s["step_us"]["p99"]), f"{100 * s['share_of_device_step_p50']:.2f}%")
+    console.print(t)
+
+    con = result["constrained"]
+    t = Table(title=f"Constrained decoding ({con['grammar_engine']}) and logprobs per decode step (vocab "
+                    f"{con['vocab']:,}, {con['steps']} steps): us; the mask is part of the step")
+    for col in ("case", "mask p50", "mask p99", "step p50", "step p99", "outputs done / parsed"):
+        t.add_column(col, justify="right")
+    for name, c in con["cases"].items():
+        mask = c.get("mask_us")
+        t.add_row(name, _f(mask["p50"]) if mask else "", _f(mask["p99"]) if mask else "", _f(c["step_us"]["p50"]),
+                  _f(c["step_us"]["p99"]), f"{c['outputs_completed']} / {c['outputs_parsed']}" if mask else "")
     console.print(t)
 
     conc = result["concurrency"]

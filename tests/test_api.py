@@ -349,39 +349,6 @@ def test_liveness_fails_while_a_device_call_is_stuck(compiled, monkeypatch):
         engine.close()
 
 
-def test_settings_from_the_environment(tmp_path):
-    s = Settings.from_env({"GEMMA4_ARTIFACT": str(tmp_path), "GEMMA4_API_KEY": "", "GEMMA4_QUEUE_MAX": "3"})
-    assert (s.queue_max, s.api_key, s.backend, s.port, s.max_body_bytes) == (3, None, "auto", 8080, 1 << 20)
-    assert Settings.from_env(s.to_env()) == s
-    with pytest.raises(Exception):
-        s.queue_max = 4  # frozen: parsed once at the edge
-
-
-@pytest.mark.parametrize("var,value", [
-    ("GEMMA4_ARTIFACT", None), ("GEMMA4_ARTIFACT", "/no/such/dir"), ("GEMMA4_QUEUE_MAX", "lots"),
-    ("GEMMA4_QUEUE_MAX", "0"), ("GEMMA4_PORT", "70000"), ("GEMMA4_BACKEND", "gpu"), ("GEMMA4_MAX_BODY_BYTES", "10"),
-])
-def test_a_bad_setting_is_one_error_naming_the_variable(tmp_path, var, value):
-    from runtime.settings import SettingsError
-
-    env = {"GEMMA4_ARTIFACT": str(tmp_path)} | {var: value}
-    env = {k: v for k, v in env.items() if v is not None}
-    with pytest.raises(SettingsError, match=f"^{var}") as info:
-        Settings.from_env(env)
-    assert "\n" not in str(info.value)
-
-
-def test_serve_checks_the_artifact_before_starting_gunicorn(compiled, tmp_path):
-    from contract.artifact import ArtifactError
-    from runtime.serve import run
-    from runtime.settings import SettingsError
-
-    with pytest.raises(ArtifactError, match="artifact.json is missing"):
-        run({"GEMMA4_ARTIFACT": str(tmp_path)})
-    with pytest.raises(SettingsError, match="GEMMA4_BACKEND=neuron.*compiled for the cpu backend"):
-        run({"GEMMA4_ARTIFACT": str(compiled("tiny-e2b", "fp32")), "GEMMA4_BACKEND": "neuron"})
-
-
 def test_unknown_fields_are_ignored_and_logged_once_neutral_values_accepted(client, caplog):
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi", "x_note": 1}], "max_tokens": 3,
             "temperature": 0, "x_vendor": {"a": 1}, "stream_options": {"include_usage": False, "x_opt": 1},

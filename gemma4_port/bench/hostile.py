@@ -19,6 +19,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import random
 import socket
 import sys
 import threading
@@ -110,7 +111,9 @@ class Pressure:
             s.close()
 
     def _big_prompts(self) -> None:
-        body = json.dumps({"model": self.model, "prompt": "hello " * (BIG_PROMPT_BYTES // 6)}).encode()
+        # Words that differ (a tokenizer caches repeated words): what real text costs to tokenize.
+        words = random.Random(0).randbytes(BIG_PROMPT_BYTES // 3).hex(" ", 4)[:BIG_PROMPT_BYTES]
+        body = json.dumps({"model": self.model, "prompt": words}).encode()
         while not self._stop.is_set():
             conn = http.client.HTTPConnection(self.host, self.port, timeout=30)
             try:

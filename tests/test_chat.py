@@ -15,7 +15,7 @@ from runtime.chat import ChatTemplateError, Message, Tool, render, template_kwar
 from runtime.engine import State
 from runtime.settings import Settings
 
-from engines import running
+from support.engines import running
 
 CHAT = "/v1/chat/completions"
 MODEL = "tiny-e2b"

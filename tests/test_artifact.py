@@ -7,6 +7,7 @@ import shutil
 import pytest
 
 from contract.artifact import ARTIFACT_FORMAT, ArtifactError, load_meta, write_raw
+from runtime.model.loader import load_artifact
 
 
 @pytest.fixture
@@ -49,3 +50,38 @@ def test_another_format_or_a_bad_field_is_named(copy):
     _edit(copy, lambda raw: raw.update(format=ARTIFACT_FORMAT) or raw["geometry"].update(prefill="gpu"))
     with pytest.raises(ArtifactError, match=r"artifact.json: geometry.prefill: "):
         load_meta(copy)
+
+
+def test_an_edited_artifact_json_is_refused_by_name(compiled, tmp_path):
+    folder = tmp_path / "edited"
+    shutil.copytree(compiled("tiny-e2b", "fp32"), folder)
+    raw = json.loads((folder / "artifact.json").read_text())
+    raw["geometry"]["rope"]["full"]["inv_freq"][1] *= 1.03
+    (folder / "artifact.json").write_text(json.dumps(raw, indent=1))
+    for load in (load_meta, load_artifact):  # verify's first step and the server's load path
+        with pytest.raises(ArtifactError, match=r"artifact.json: digest mismatch \(edited or corrupted"):
+            load(folder)
+
+
+def test_a_corrupted_artifact_json_is_refused_by_name(compiled, tmp_path):
+    """One byte changed in a fact, and a file cut short. (A flip in a float's 17th digit that parses
+    to the same double changes no fact, and the canonical digest rightly accepts it.)"""
+    folder = tmp_path / "corrupted"
+    shutil.copytree(compiled("tiny-e2b", "fp32"), folder)
+    data = (folder / "artifact.json").read_bytes()
+    at = data.index(b'"variant": "fp32"') + len(b'"variant": "fp3')
+    (folder / "artifact.json").write_bytes(data[:at] + b"3" + data[at + 1:])
+    with pytest.raises(ArtifactError, match=r"artifact.json: digest mismatch"):
+        load_artifact(folder)
+    (folder / "artifact.json").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ArtifactError, match=r"artifact.json: not valid JSON"):
+        load_artifact(folder)
+
+
+def test_reformatting_artifact_json_keeps_it_valid(compiled, tmp_path):
+    """The digest covers the facts in a canonical form, not the whitespace or key order."""
+    folder = tmp_path / "reformatted"
+    shutil.copytree(compiled("tiny-e2b", "fp32"), folder)
+    raw = json.loads((folder / "artifact.json").read_text())
+    (folder / "artifact.json").write_text(json.dumps(dict(reversed(list(raw.items())))))
+    assert load_meta(folder) == load_meta(compiled("tiny-e2b", "fp32"))

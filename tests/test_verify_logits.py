@@ -3,25 +3,21 @@ compiled artifact passes a token-for-token check and fails verify, with the reas
 
 import io
 import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 from rich.console import Console
 
-from support.artifact_copies import with_rope_scaled
-from contract.artifact import ArtifactError, load_meta
+from contract.artifact import load_meta
 from contract.logit_error import BOUNDS
 from gemma4_port import model as port
-from gemma4_port.agreement import Case, compare
 from gemma4_port.compile import compile_artifact
 from gemma4_port.manifest import load_manifest
 from gemma4_port.verify import verify_artifact
 from runtime.model.loader import SelfTestFailed, load_artifact
-
-ROOT = Path(__file__).resolve().parents[1]
-
+from support import MANIFESTS
+from support.artifact_copies import with_rope_scaled
 
 def verify_json(folder: Path, tmp_path: Path, long: bool = False) -> tuple[int, dict]:
     out = tmp_path / "verify.json"
@@ -39,7 +35,7 @@ def compiled_with(monkeypatch, tmp_path, name: str, variant: str, target, attr: 
     built elsewhere, or by an older build, would be)."""
     monkeypatch.setattr(target, attr, planted)
     monkeypatch.setattr("gemma4_port.pipeline.self_test_here", lambda folder: None)
-    manifest = load_manifest(ROOT / f"manifests/{name}.yaml")
+    manifest = load_manifest(MANIFESTS / f"{name}.yaml")
     return compile_artifact(manifest, manifest.variant(variant), tmp_path / "planted")
 
 
@@ -110,14 +106,6 @@ def test_garbage_fails_every_row_even_where_a_token_matches(compiled, monkeypatc
         model.close()
 
 
-def test_a_logit_bent_without_a_token_flipped_fails_the_row():
-    ref = [torch.tensor([10.0, 9.0, 0.0])] * 2
-    bent = compare(Case("x", [1], 2), [0, 0], [torch.tensor([10.0, 9.01, 0.0])] * 2, [0, 0], ref, None, "float32")
-    assert bent.verdict == "LOGITS" and "step 0: max |logit diff| 0.01 > 0.0005" in bent.note
-    same = compare(Case("x", [1], 2), [0, 0], [torch.tensor([10.0, 9.0001, 0.0])] * 2, [0, 0], ref, None, "float32")
-    assert same.verdict == "MATCH" and same.worst.max_abs == pytest.approx(1e-4, abs=1e-6)
-
-
 def test_json_report_has_every_step(compiled, tmp_path):
     code, report = verify_json(compiled("tiny-e2b", "fp32"), tmp_path)
     assert code == 0 and report["passed"] and report["format"] == 1
@@ -126,38 +114,6 @@ def test_json_report_has_every_step(compiled, tmp_path):
         assert len(row["per_step"]) == row["compared"] == row["steps"]
         assert set(row["per_step"][0]) == {"step", "device_token", "reference_token", "max_abs", "cosine", "kl", "topk"}
         assert row["worst"]["max_abs"] == max(s["max_abs"] for s in row["per_step"])
-
-
-# -- artifact.json is guarded like the files it lists --------------------------------------------
-
-def test_an_edited_artifact_json_is_refused_by_name(compiled, tmp_path):
-    folder = tmp_path / "edited"
-    shutil.copytree(compiled("tiny-e2b", "fp32"), folder)
-    raw = json.loads((folder / "artifact.json").read_text())
-    raw["geometry"]["rope"]["full"]["inv_freq"][1] *= 1.03
-    (folder / "artifact.json").write_text(json.dumps(raw, indent=1))
-    for load in (load_meta, load_artifact):  # verify's first step and the server's load path
-        with pytest.raises(ArtifactError, match=r"artifact.json: digest mismatch \(edited or corrupted"):
-            load(folder)
-
-
-def test_a_corrupted_artifact_json_is_refused_by_name(compiled, tmp_path):
-    folder = tmp_path / "corrupted"
-    shutil.copytree(compiled("tiny-e2b", "fp32"), folder)
-    data = bytearray((folder / "artifact.json").read_bytes())
-    data[len(data) // 2] ^= 0x01
-    (folder / "artifact.json").write_bytes(bytes(data))
-    with pytest.raises(ArtifactError, match=r"artifact.json: (digest mismatch|not valid JSON)"):
-        load_artifact(folder)
-
-
-def test_reformatting_artifact_json_keeps_it_valid(compiled, tmp_path):
-    """The digest covers the facts in a canonical form, not the whitespace or key order."""
-    folder = tmp_path / "reformatted"
-    shutil.copytree(compiled("tiny-e2b", "fp32"), folder)
-    raw = json.loads((folder / "artifact.json").read_text())
-    (folder / "artifact.json").write_text(json.dumps(dict(reversed(list(raw.items())))))
-    assert load_meta(folder) == load_meta(compiled("tiny-e2b", "fp32"))
 
 
 def test_golden_steps_come_from_the_reference_alone(compiled):

@@ -9,6 +9,8 @@ import json
 import random
 from pathlib import Path
 
+from contract.errors import Gemma4Error
+
 # Gemma-4's control tokens. The first four keep Gemma's ids (pad 0, eos 1, bos 2, unk 3).
 SPECIAL_TOKENS = (
     "<pad>", "<eos>", "<bos>", "<unk>", "<mask>",
@@ -61,6 +63,10 @@ RESPONSE_SCHEMA = {
 }
 
 TEMPLATE_FILE = Path(__file__).with_name("chat_template.jinja")
+
+
+class TokenizerTrainingError(Gemma4Error, ValueError):
+    pass
 
 _SEED_TEXT = """\
 The capital of France is Paris. The capital of Italy is Rome. Hello world!
@@ -118,7 +124,7 @@ def train_tokenizer(vocab_size: int, seed: int, empty_thought_block: bool = Fals
     # Like Gemma's own tokenizer: plain prompts start with <bos>; the chat template writes its own.
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS_ID)])
     if tok.get_vocab_size() != vocab_size:
-        raise ValueError(
+        raise TokenizerTrainingError(
             f"the test tokenizer reached {tok.get_vocab_size()} ids, not vocab_size={vocab_size}; "
             f"random models need vocab_size between {len(SPECIAL_TOKENS) + 256} and ~20000"
         )

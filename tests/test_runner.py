@@ -5,7 +5,7 @@ fit and a full context are each refused by name."""
 import pytest
 
 from runtime.model.loader import load_artifact
-from runtime.model.runner import ContextFull, PromptTooLong
+from runtime.model.runner import ContextFull, PromptTooLong, chunks
 from runtime.model.slots import SlotState
 
 
@@ -52,3 +52,21 @@ def test_a_full_context_is_refused(runner):
             runner.decode({3: 7})
     finally:
         runner.free(3)
+
+
+def test_chunks_fill_the_largest_bucket_then_the_smallest_that_holds_the_rest():
+    assert chunks(0, 70, (16, 32)) == [(0, 32, 32), (32, 32, 32), (64, 6, 16)]
+    assert chunks(45, 63, (16, 32)) == [(45, 18, 32)]
+
+
+def test_a_slot_keeps_only_a_prefix_it_holds(runner):
+    ids = list(range(100, 130))
+    runner.prefill(1, ids)
+    runner.free(1)  # retains the 30 positions
+    with pytest.raises(ValueError, match="cannot keep 25 positions for this prompt: it holds 20"):
+        runner.start(1, ids[:20] + [1, 2], reused=25)
+    assert runner.reusable(1, ids[:20] + [1, 2]) == 20
+    runner.start(1, ids[:20] + [1, 2], reused=20)
+    assert runner.slots[1].plan == [(20, 2, 16)] and runner.slots[1].tokens == ids[:20]
+    assert runner.prefill_step(1) is not None
+    runner.free(1)

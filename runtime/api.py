@@ -27,6 +27,7 @@ from .errors import APIError
 from .grammar import Grammar, GrammarError
 from .logits import Controls
 from .reply import ReplyParser
+from .tool_grammar import forced
 from .responses import Shape, stream, whole
 from .sampling import SamplingParams
 
@@ -376,7 +377,8 @@ def chat_completions():
     prompt = tokenize(lambda: eng.tokenizer(text, add_special_tokens=False).input_ids)  # the template writes <bos>
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # The reply's parser needs the special tokens as boundaries; it drops them from what it passes on.
-    job = submit(eng, body, list(prompt), max_tokens, "messages", skip_special_tokens=False)
+    job = submit(eng, body, list(prompt), max_tokens, "messages", skip_special_tokens=False,
+                 forced=forced(eng.tokenizer, body.tools, body.tool_choice, body.parallel_tool_calls, text))
     parser = functools.partial(ReplyParser, eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens)
     return respond(job, body, Shape(eng.model_name, token_bytes(eng), parser, logprobs=body.logprobs))
 

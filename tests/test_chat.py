@@ -127,7 +127,68 @@ def test_reasoning_is_separated_whole_and_streamed(client, engine):
     assert same["usage"] == whole["usage"] and same["choices"][0]["message"] == message
 
 
+# -- forced tool calls (the grammar writes Gemma's call syntax) -------------------------------------
+NAMED = {"type": "function", "function": {"name": "get_weather"}}
+
+
+def valid_weather_call(call) -> dict:
+    import jsonschema
+
+    assert call.type == "function" and call.function.name == "get_weather" and call.id
+    args = json.loads(call.function.arguments)
+    jsonschema.validate(args, WEATHER["function"]["parameters"])
+    return args
+
+
+@pytest.mark.parametrize("tool_choice", [NAMED, "required"])
+def test_a_forced_call_round_trips_with_the_openai_client(oai, engine, tool_choice):
+    """call -> role: tool result -> answer, on the random model: the grammar makes the call valid."""
+    first = oai.chat.completions.create(model=MODEL, messages=[ASK], tools=[WEATHER], tool_choice=tool_choice,
+                                        max_tokens=64, temperature=0)
+    choice = first.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls
+    valid_weather_call(call)
+    history = [ASK, choice.message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+    second = oai.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], max_tokens=6, temperature=0)
+    assert second.choices[0].finish_reason in ("stop", "length")
+    assert second.usage.prompt_tokens == prompt_len(engine, history, [WEATHER])
+
+
+def test_streamed_tool_calls_assemble_in_the_openai_client(oai):
+    kw = {"model": MODEL, "messages": [ASK], "tools": [WEATHER], "tool_choice": NAMED, "max_tokens": 64,
+          "temperature": 0}
+    whole = oai.chat.completions.create(**kw).choices[0].message.tool_calls
+    with oai.chat.completions.stream(**kw) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert final.finish_reason == "tool_calls"
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == \
+        [(c.function.name, c.function.arguments) for c in whole]
+    valid_weather_call(final.message.tool_calls[0])
+
+
+def test_parallel_tool_calls_false_gives_one_call(client):
+    body = {"model": MODEL, "messages": [ASK], "tools": [WEATHER], "tool_choice": "required", "max_tokens": 96,
+            "parallel_tool_calls": False, "temperature": 1.0}
+    for seed in range(3):
+        message = client.post(CHAT, json=body | {"seed": seed}).get_json()["choices"][0]["message"]
+        assert len(message["tool_calls"]) == 1, message
+
+
 def test_turn_end_and_tool_response_end_generation(engine):
     """<turn|> ends a reply and <|tool_response> a tool call: both are end-of-generation ids."""
     ends = set(engine.tokenizer.convert_tokens_to_ids(["<turn|>", "<|tool_response>", "<eos>"]))
     assert ends <= set(engine.model.meta.eos_token_ids)
+
+
+def test_turn_end_stops_a_reply_and_special_tokens_stay_out_of_content(client, engine):
+    turn_end, image = engine.tokenizer.convert_tokens_to_ids(["<turn|>", "<|image|>"])
+    body = {"model": MODEL, "messages": [ASK], "max_tokens": 5, "temperature": 0}
+    ended = client.post(CHAT, json=body | {"logit_bias": {str(turn_end): 100}}).get_json()
+    assert ended["choices"][0]["finish_reason"] == "stop" and ended["usage"]["completion_tokens"] == 1
+    assert ended["choices"][0]["message"]["content"] == ""
+    pushed = body | {"logit_bias": {str(image): 100}}
+    clean = client.post(CHAT, json=pushed).get_json()["choices"][0]["message"]["content"]
+    kept = client.post(CHAT, json=pushed | {"skip_special_tokens": False}).get_json()["choices"][0]["message"]["content"]
+    assert clean == "" and kept == "<|image|>" * 5

@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from . import ROOT
+
 STANDIN = Path(__file__).resolve().parent / "neuron_sdk"
 MARK = "RESULT "
 

@@ -1,4 +1,5 @@
-"""The app factory with Flask's test client: the OpenAI routes, errors, key, readiness, metrics."""
+"""The OpenAI routes through the app factory and Flask's test client: completions and chat, streamed
+and whole, sampling and structured-output fields, bad input, the queue and client departures."""
 
 from __future__ import annotations
 
@@ -11,64 +12,7 @@ import time
 import jsonschema
 import pytest
 
-from runtime.app import create_app
-from runtime.engine import State
-from runtime.settings import Settings
-
-from support.artifact_copies import with_wrong_golden
-from support.engines import running
-
-
-CHAT = "/v1/chat/completions"
-COMPLETIONS = "/v1/completions"
-MODEL = "tiny-e2b"
-HI = [{"role": "user", "content": "Capital of France?"}]
-
-
-@pytest.fixture(scope="module")
-def engine(compiled):
-    """Batch 1, a queue of one: a third concurrent request is refused."""
-    with running(Settings(artifact=compiled("tiny-e2b", "fp32"), queue_max=1)) as eng:
-        assert eng.wait(300) is State.READY, eng.reason
-        yield eng
-
-
-@pytest.fixture(scope="module")
-def settings(engine):
-    return engine.settings
-
-
-@pytest.fixture(scope="module")
-def client(settings, engine):
-    return create_app(settings, engine).test_client()
-
-
-def sse_events(data: bytes) -> list:
-    lines = [ln[len("data: "):] for ln in data.decode().split("\n\n") if ln.startswith("data: ")]
-    assert lines[-1] == "[DONE]"
-    return [json.loads(ln) for ln in lines[:-1]]
-
-
-def assert_error(resp, status: int, param: str | None = None, code: str | None = None) -> dict:
-    assert resp.status_code == status, resp.get_data(as_text=True)
-    assert resp.is_json
-    err = resp.get_json()["error"]
-    assert set(err) == {"message", "type", "param", "code"} and err["message"]
-    if param is not None:
-        assert err["param"] == param
-    if code is not None:
-        assert err["code"] == code
-    return err
-
-
-def test_health_ready_and_models(client):
-    assert client.get("/health").get_json() == {"status": "alive", "state": "ready"}
-    ready = client.get("/ready")
-    assert ready.status_code == 200 and ready.get_json()["model"] == MODEL
-    models = client.get("/v1/models").get_json()
-    assert [m["id"] for m in models["data"]] == [MODEL] and models["object"] == "list"
-    assert client.get(f"/v1/models/{MODEL}").get_json()["id"] == MODEL
-    assert_error(client.get("/v1/models/gpt-4"), 404, "model", "model_not_found")
+from support.http import CHAT, COMPLETIONS, HI, MODEL, assert_error, client, engine, settings, sse_events  # noqa: F401
 
 
 @pytest.mark.parametrize("path,body", [
@@ -204,26 +148,6 @@ def test_too_long_prompt_and_max_tokens_errors_name_the_numbers(client):
     assert "max_tokens (70)" in err["message"] and "64 tokens" in err["message"]
 
 
-def test_routing_and_size_errors_are_json(client, settings):
-    assert_error(client.get("/nope"), 404, code="not_found")
-    resp = client.get(CHAT)
-    assert_error(resp, 405, code="method_not_allowed")
-    assert "POST" in resp.headers["Allow"]
-    big = b'{"model": "x", "prompt": "' + b"a" * settings.max_body_bytes + b'"}'
-    assert_error(client.post(COMPLETIONS, data=big), 413, code="request_entity_too_large")
-
-
-def test_api_key(settings, engine):
-    keyed = create_app(settings.model_copy(update={"api_key": "sekret"}), engine).test_client()
-    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2}
-    resp = keyed.post(COMPLETIONS, json=body)
-    assert_error(resp, 401, code="invalid_api_key")
-    assert resp.headers["WWW-Authenticate"] == "Bearer"
-    assert_error(keyed.get("/v1/models", headers={"Authorization": "Bearer wrong"}), 401)
-    assert keyed.post(COMPLETIONS, json=body, headers={"Authorization": "Bearer sekret"}).status_code == 200
-    for open_path in ("/health", "/ready", "/metrics"):
-        assert keyed.get(open_path).status_code == 200
-
 
 def test_full_queue_answers_503_with_retry_after(client, engine, monkeypatch):
     # The running job's decode steps wait at a gate: a tiny model would otherwise finish its 40 tokens,
@@ -271,82 +195,6 @@ def test_a_client_that_leaves_a_whole_answer_frees_its_slot(client, engine, monk
     ours.close()
     assert engine.busy_slots == 0 and client.get("/ready").status_code == 200
 
-
-def test_metrics_count_requests_by_endpoint_and_status(client):
-    client.post(CHAT, data=b"{")
-    client.post(COMPLETIONS, json={"model": MODEL, "prompt": "hi", "max_tokens": 3, "temperature": 0})
-    text = client.get("/metrics").get_data(as_text=True)
-    assert 'gemma4_requests_total{endpoint="/v1/chat/completions",status="400"}' in text
-    assert 'gemma4_requests_total{endpoint="/v1/completions",status="200"}' in text
-    for name in ("gemma4_queue_depth", "gemma4_busy_slots", "gemma4_time_to_first_token_seconds_count",
-                 "gemma4_token_latency_seconds_count", "gemma4_tokens_generated_total"):
-        assert f"\n{name}" in text
-
-
-def test_ready_stays_503_after_a_failed_self_test(compiled, tmp_path):
-    folder = with_wrong_golden(compiled("tiny-e2b", "fp32"), tmp_path / "planted")
-    app = create_app(Settings(artifact=folder))  # its own engine, loading in the background
-    client = app.test_client()
-    engine = app.extensions["gemma4_engine"]
-    try:
-        assert client.get("/health").status_code == 200  # at once, while loading
-        early = client.get("/ready")
-        assert early.status_code == 503 and early.get_json()["state"] in ("loading", "self-test")
-        assert engine.wait(300) is State.FAILED
-        for _ in range(2):
-            ready = client.get("/ready")
-            assert ready.status_code == 503
-            assert ready.get_json()["state"] == "failed" and "golden prompt" in ready.get_json()["reason"]
-        err = assert_error(client.post(CHAT, json={"model": MODEL, "messages": HI}), 503, code="not_ready")
-        assert "failed" in err["message"]
-        health = client.get("/health")  # liveness: restart it (the startup probe waits on /ready)
-        assert health.status_code == 503 and "engine thread is not running" in health.get_json()["reason"]
-    finally:
-        engine.close()
-
-
-def test_drain_refuses_new_requests_and_finishes_those_in_flight(compiled, monkeypatch):
-    app = create_app(Settings(artifact=compiled("tiny-e2b", "fp32"), queue_max=2))
-    client, engine = app.test_client(), app.extensions["gemma4_engine"]
-    try:
-        assert engine.wait(300) is State.READY
-        gate, decode = threading.Event(), engine.model.runner.decode
-        monkeypatch.setattr(engine.model.runner, "decode", lambda tokens: gate.wait(30) and decode(tokens))
-        body = {"model": MODEL, "messages": HI, "max_tokens": 8, "stream": True, "temperature": 0}
-        in_flight = client.post(CHAT, json=body, buffered=False)
-        engine.drain()
-        ready = client.get("/ready")
-        assert ready.status_code == 503 and ready.get_json()["state"] == "draining"
-        refused = client.post(CHAT, json=body)
-        assert_error(refused, 503, code="not_ready")
-        assert refused.headers["Retry-After"]
-        assert client.get("/health").status_code == 200 and not engine.idle
-        gate.set()
-        events = sse_events(in_flight.get_data())
-        assert events[-1]["choices"][0]["finish_reason"] == "length"
-        assert engine.idle
-    finally:
-        engine.close()
-
-
-def test_liveness_fails_while_a_device_call_is_stuck(compiled, monkeypatch):
-    app = create_app(Settings(artifact=compiled("tiny-e2b", "fp32")))
-    client, engine = app.test_client(), app.extensions["gemma4_engine"]
-    try:
-        assert engine.wait(300) is State.READY
-        monkeypatch.setattr("runtime.engine.STUCK_AFTER_S", 0.2)
-        gate, decode = threading.Event(), engine.model.runner.decode
-        monkeypatch.setattr(engine.model.runner, "decode", lambda tokens: gate.wait(30) and decode(tokens))
-        stream = client.post(CHAT, json={"model": MODEL, "messages": HI, "max_tokens": 4, "stream": True},
-                             buffered=False)
-        time.sleep(0.5)
-        stuck = client.get("/health")
-        assert stuck.status_code == 503 and "device call" in stuck.get_json()["reason"]
-        gate.set()
-        stream.get_data()
-        assert client.get("/health").status_code == 200
-    finally:
-        engine.close()
 
 
 def test_unknown_fields_are_ignored_and_logged_once_neutral_values_accepted(client, caplog):

@@ -140,12 +140,14 @@ class Pressure:
             t.join(30)
 
 
-def probe(host: str, port: int, timeout: float = 5.0) -> float | None:
-    """Seconds for GET /health on a new connection; None when it failed or took longer than timeout."""
+def _timed(host: str, port: int, method: str, path: str, timeout: float, body: str | None = None,
+           headers: dict[str, str] | None = None) -> float | None:
+    """Seconds for one request on a new connection; None when it failed, was not a 200, or took
+    longer than timeout."""
     start = time.perf_counter()
     conn = http.client.HTTPConnection(host, port, timeout=timeout)
     try:
-        conn.request("GET", "/health")
+        conn.request(method, path, body, headers or {})
         resp = conn.getresponse()
         resp.read()
         return time.perf_counter() - start if resp.status == 200 else None
@@ -153,22 +155,18 @@ def probe(host: str, port: int, timeout: float = 5.0) -> float | None:
         return None
     finally:
         conn.close()
+
+
+def probe(host: str, port: int, timeout: float = 5.0) -> float | None:
+    """Seconds for GET /health on a new connection; None when it failed or took longer than timeout."""
+    return _timed(host, port, "GET", "/health", timeout)
 
 
 def complete(host: str, port: int, model: str, headers: dict[str, str], max_tokens: int = 16,
              timeout: float = 60.0) -> float | None:
     body = json.dumps({"model": model, "prompt": "hello world", "max_tokens": max_tokens, "temperature": 0})
-    start = time.perf_counter()
-    conn = http.client.HTTPConnection(host, port, timeout=timeout)
-    try:
-        conn.request("POST", "/v1/completions", body, {"Content-Type": "application/json"} | headers)
-        resp = conn.getresponse()
-        resp.read()
-        return time.perf_counter() - start if resp.status == 200 else None
-    except OSError:
-        return None
-    finally:
-        conn.close()
+    headers = {"Content-Type": "application/json"} | headers
+    return _timed(host, port, "POST", "/v1/completions", timeout, body, headers)
 
 
 def measure(host: str, port: int, model: str, seconds: float, probe_s: float = 0.1,

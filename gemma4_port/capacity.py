@@ -22,6 +22,7 @@ from rich.table import Table
 from contract.dtypes import DTYPES
 from contract.layout import NeuronLayout, neuron_layout
 
+from . import terminal
 from .configs import text_config_for
 from .lint import SBUF_PARTITION_BYTES
 from .manifest import Manifest, Variant, load_manifest
@@ -261,9 +262,7 @@ def plan_main(args) -> int:
     variants = [manifest.variant(args.variant)] if args.variant else list(manifest.variants)
     config = text_config_for(manifest)
     sizes = ModelSizes(config)
-    console = Console()
-    if not console.is_terminal:  # a pipe or a CI log has no width to respect: do not squeeze the tables
-        console = Console(width=150)
+    console = terminal.console()
     render(console, manifest, sizes, [footprint(sizes, v) for v in variants])
     if args.shards:
         for tp in sorted({v.tp for v in variants}):

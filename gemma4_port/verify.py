@@ -20,6 +20,7 @@ from contract.greedy import argmax
 from contract.logit_error import BOUNDS, TOP_K
 from runtime.model.loader import load_artifact
 
+from . import terminal
 from .agreement import Case, Row, compare
 from .reference import load_reference, reference_greedy
 
@@ -155,7 +156,7 @@ def _table(title: str, rows: list[Row], noise: dict | None) -> Table:
 
 def verify_artifact(folder: Path, long: bool = True, console: Console | None = None, json_out: Path | None = None) -> int:
     started = time.perf_counter()
-    console = console or Console()
+    console = console or terminal.console()
     meta = load_meta(folder)
     problems = check_files(folder, meta)
     if problems:

@@ -32,7 +32,12 @@ from .manifest import Manifest, load_manifest
 
 # Host tools, not image contents: the images run the server and the build tools, nothing else.
 HOST_ONLY = {"docker", "matplotlib", "torch", "transformers"}  # torch / transformers are pinned by the plan
-WHEEL_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64")
+# pip takes the platforms it is given literally: name every manylinux level the image's glibc runs
+# (Debian bookworm: 2.36), or a wheel built for a level between the named ones is not found
+# (llguidance ships only manylinux_2_31).
+IMAGE_GLIBC_MINOR = 36
+WHEEL_PLATFORMS = (*(f"manylinux_2_{minor}_x86_64" for minor in range(IMAGE_GLIBC_MINOR, 16, -1)),
+                   "manylinux2014_x86_64")
 SERVER_ENTRY = ("runtime/serve.py",)
 
 

@@ -246,7 +246,7 @@ def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Fo
         f"to the device), the PLE projection; plus the KV buffers: kv_max positions for a global layer, a ring "
         "of the window plus the largest bucket for a sliding one. kv_max up to: what the core's memory "
         f"holds beside the weights (HBM), or the lint's bound of {SOFTMAX_KEYS} keys (a float32 softmax row in "
-        "one SBUF partition), whichever is smaller. The whole model is {whole / 1e9:.2f}B "
+        f"one SBUF partition), whichever is smaller. The whole model is {whole / 1e9:.2f}B "
         f"elements = {gib(4 * whole)} GiB fp32, {gib(2 * whole)} GiB bf16; at tp 2 a core holds more than "
         f"half, as lm_head ({gib(2 * lm_head)} GiB bf16), norms and replicated K/V sit on both cores. Not "
         "counted: activations, neff instructions, runtime scratch (keep headroom).\n"

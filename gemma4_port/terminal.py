@@ -1,13 +1,14 @@
 """The build commands' console: a pipe or a CI log has no width to respect, so tables printed there
-are not squeezed into 80 columns (a verify table cut to `rand…` says nothing)."""
+are never squeezed below PIPE_WIDTH columns (a verify table cut to `rand…` says nothing); a wider
+COLUMNS still widens them."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-PIPE_WIDTH = 160
+PIPE_WIDTH = 150
 
 
 def console() -> Console:
     screen = Console()
-    return screen if screen.is_terminal else Console(width=PIPE_WIDTH)
+    return screen if screen.is_terminal else Console(width=max(screen.width, PIPE_WIDTH))

@@ -21,7 +21,7 @@ from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
-from .chat import ChatTemplateError, Message, Tool, ToolChoice, render
+from .chat import ChatTemplateError, Message, Tool, ToolChoice, ToolChoiceFunction, render
 from .engine import DoesNotFit, Engine, Job, NotReady, QueueFull, State, token_budget
 from .errors import APIError
 from .grammar import Grammar, GrammarError
@@ -119,6 +119,7 @@ class _Body(_Lenient):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1)  # -1 (vLLM) and 0 both mean off
+    min_p: float = Field(default=0.0, ge=0, le=1)
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     stop: Annotated[tuple[str, ...], PlainValidator(_stops)] | None = None
     n: int = Field(default=1, ge=1, le=MAX_CHOICES)
@@ -140,10 +141,19 @@ class _Body(_Lenient):
     guided_regex: str | None = None
     guided_choice: list[str] | None = Field(default=None, min_length=1)
     guided_grammar: str | None = None
+    # vLLM's beam search: refused when asked for (below); its two knobs only act with it, as in vLLM.
+    use_beam_search: bool = False
+    length_penalty: float = 1.0
+    early_stopping: bool = False
 
     def sampling(self) -> SamplingParams:
+        if self.use_beam_search:
+            raise APIError(400, "use_beam_search: this server does not do beam search; send false or leave it out "
+                           "(n and best_of give several sampled candidates)", param="use_beam_search",
+                           code="unsupported_parameter")
         return SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
-                              top_p=1.0 if self.top_p is None else self.top_p, top_k=max(self.top_k or 0, 0))
+                              top_p=1.0 if self.top_p is None else self.top_p, top_k=max(self.top_k or 0, 0),
+                              min_p=self.min_p)
 
     def logprob_alternatives(self) -> int | None:
         """Alternatives per token when logprobs are asked for, else None (each endpoint spells it its way)."""
@@ -380,7 +390,8 @@ def chat_completions():
     job = submit(eng, body, list(prompt), max_tokens, "messages", skip_special_tokens=False,
                  forced=forced(eng.tokenizer, body.tools, body.tool_choice, body.parallel_tool_calls, text))
     parser = functools.partial(ReplyParser, eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens)
-    return respond(job, body, Shape(eng.model_name, token_bytes(eng), parser, logprobs=body.logprobs))
+    return respond(job, body, Shape(eng.model_name, token_bytes(eng), parser, logprobs=body.logprobs,
+                                    named_tool=isinstance(body.tool_choice, ToolChoiceFunction)))
 
 
 @bp.post("/completions")

@@ -182,8 +182,11 @@ class Reply:
         self.calls.append(piece)
         return {"tool_calls": [{"index": len(self.calls) - 1} | call_json(piece)]}
 
-    def finish_reason(self, reason: str) -> str:
-        return "tool_calls" if self.calls and reason == "stop" else reason
+    def finish_reason(self, reason: str, named_tool: bool = False) -> str:
+        """`tool_calls` when the reply called a tool of its own choice (`auto`, `required`); a call forced
+        by a named `tool_choice` ends with `stop`, as OpenAI's API and vLLM (serving_chat.py:
+        is_finish_reason_tool_calls) answer it."""
+        return "tool_calls" if self.calls and reason == "stop" and not named_tool else reason
 
     def message(self) -> dict:
         content = "".join(self.content)

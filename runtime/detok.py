@@ -57,17 +57,25 @@ def stop_prefix_len(text: str, stops: Sequence[str]) -> int:
 class TextStream:
     """Detokenizer plus stop strings: push tokens, get the text that is safe to show. With
     `skip_special_tokens` off, special tokens come through as their text (a chat reply's parser
-    needs them as boundaries)."""
+    needs them as boundaries).
 
-    def __init__(self, tokenizer, stops: Sequence[str] = (), skip_special_tokens: bool = True):
+    `min_tokens`: as vLLM (BaseIncrementalDetokenizer.update in vllm/v1/engine/detokenizer.py), a
+    stop string counts only once more than min_tokens tokens were pushed, and only if it ends in the
+    text of those later tokens (it may begin earlier)."""
+
+    def __init__(self, tokenizer, stops: Sequence[str] = (), skip_special_tokens: bool = True, min_tokens: int = 0):
         self.detok = Detokenizer(tokenizer, skip_special_tokens)
         self.stops = tuple(stops)
+        self.min_tokens = min_tokens
+        self.pushed = 0
         self.pending = ""  # decoded, not yet released: might begin a stop string
+        self.unchecked = 0  # how much of `pending` the first min_tokens tokens wrote: no stop may end in it
         self.stopped = False
 
     def push(self, token: int) -> str:
         """Release what is final after this token; sets `stopped` when a stop string completed
         (the stop string and anything after it are never released)."""
+        self.pushed += 1
         return self._release(self.detok.push(token), final=False)
 
     def flush(self) -> str:
@@ -76,7 +84,9 @@ class TextStream:
 
     def _release(self, text: str, final: bool) -> str:
         self.pending += text
-        hits = [i for i in (self.pending.find(s) for s in self.stops) if i >= 0]
+        if self.pushed <= self.min_tokens:
+            self.unchecked = len(self.pending)
+        hits = [i for i in (self.pending.find(s, max(0, self.unchecked - len(s) + 1)) for s in self.stops) if i >= 0]
         if hits:
             self.stopped = True
             out, self.pending = self.pending[: min(hits)], ""
@@ -84,4 +94,5 @@ class TextStream:
         keep = 0 if final else stop_prefix_len(self.pending, self.stops)
         out = self.pending[: len(self.pending) - keep]
         self.pending = self.pending[len(out) :]
+        self.unchecked = max(0, self.unchecked - len(out))
         return out

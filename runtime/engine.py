@@ -354,7 +354,7 @@ class Engine:
                 job.put(Failed(f"the grammar cannot start: {exc}", job.index))
                 continue
             chooser = TokenChooser(job.controls, job.prompt, self.model.meta.eos_token_ids, matcher)
-            text = TextStream(self.tokenizer, job.stop, job.skip_special_tokens)
+            text = TextStream(self.tokenizer, job.stop, job.skip_special_tokens, job.controls.min_tokens)
             runner.slots[slot].request = _Live(job, text, generator, chooser, job.accepted)
             runner.start(slot, job.prompt, reused)
 

@@ -63,6 +63,7 @@ class Shape:
     token_bytes: TokenBytes
     parser: Callable[[], ReplyParser] | None = None
     logprobs: bool = False
+    named_tool: bool = False  # chat: a named tool_choice forced the call (its finish_reason is stop)
     echo: str = ""  # completions: the prompt, shown before each choice's text
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
@@ -112,7 +113,7 @@ class _Choice:
         return out
 
     def finish_reason(self, reason: str) -> str:
-        return self.reply.finish_reason(reason) if self.shape.chat else reason
+        return self.reply.finish_reason(reason, self.shape.named_tool) if self.shape.chat else reason
 
     def whole(self) -> dict:
         body = {"message": self.reply.message()} if self.shape.chat else {"text": "".join(self.text)}

@@ -33,6 +33,7 @@ class SamplingParams:
     temperature: float = 1.0  # below GREEDY_BELOW (0 included) = greedy
     top_p: float = 1.0  # (0, 1]; 1 = off
     top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # [0, 1]; 0 = off
 
     @property
     def greedy(self) -> bool:
@@ -84,6 +85,12 @@ def nucleus(probs: np.ndarray, top_p: float) -> np.ndarray:
     return probs[: max(1, int((before < top_p).sum()))]
 
 
+def min_p_keep(weights: np.ndarray, min_p: float) -> np.ndarray:
+    """The positions vLLM's `min_p` keeps: a token whose probability is below min_p times the most
+    likely token's is dropped. `weights` are proportional to the probabilities (after temperature)."""
+    return np.flatnonzero(weights >= min_p * weights.max())
+
+
 def draw(weights: np.ndarray, generator: torch.Generator) -> int:
     """An index drawn in proportion to non-negative weights with one seeded uniform: inverse CDF in
     two levels (blocks, then within the block), as a cumsum over the whole vocabulary costs ~1 ms."""
@@ -101,12 +108,22 @@ def draw(weights: np.ndarray, generator: torch.Generator) -> int:
 
 def distribution(x: np.ndarray, params: SamplingParams, cap: float | None) -> tuple[np.ndarray, np.ndarray | None]:
     """The tokens a non-greedy draw may pick and their (unnormalised) weights: softcap, temperature,
-    top-k, then top-p. Ids are None when every token of the row may be drawn (weights by position)."""
+    then min-p, top-k and top-p as vLLM's sampler orders them (min-p first, on the scaled row). Ids are None when every token of the row may be drawn (weights by position)."""
     if params.top_k:
         # top-k (then top-p) renormalises within the k best: no full-vocabulary pass is needed.
         values, ids = top_candidates(x, params.top_k)
         scaled = softcap(values, cap) / params.temperature
         weights = np.exp(scaled - scaled[0])
+        if params.min_p:  # a threshold under the best token: it commutes with top-k
+            kept = min_p_keep(weights, params.min_p)  # ascending positions of a descending row: still descending
+            weights, ids = weights[kept], ids[kept]
+        total = float(weights.sum(dtype=np.float64))
+    elif params.min_p:
+        # The few tokens min_p keeps are ranked directly; top-p then works on their renormalised mass.
+        weights = row_weights(x, cap, params.temperature)
+        ids = min_p_keep(weights, params.min_p)
+        order = np.argsort(-weights[ids], kind="stable")
+        weights, ids = weights[ids][order], ids[order]
         total = float(weights.sum(dtype=np.float64))
     else:
         weights = row_weights(x, cap, params.temperature)

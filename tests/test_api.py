@@ -112,6 +112,12 @@ TOO_LONG = "hello world " * 40  # > 64 tokens, the context of tiny-e2b
     (COMPLETIONS, {"model": MODEL, "prompt": [1, 99999]}, 400, "prompt", None),
     (COMPLETIONS, {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", None),
     (COMPLETIONS, {"model": MODEL, "prompt": "x", "logprobs": 6}, 400, "logprobs", None),
+    (CHAT, {"model": MODEL, "messages": HI, "min_p": 1.5}, 400, "min_p", None),
+    (CHAT, {"model": MODEL, "messages": HI, "min_p": -0.1}, 400, "min_p", None),
+    (CHAT, {"model": MODEL, "messages": HI, "use_beam_search": True}, 400, "use_beam_search", "unsupported_parameter"),
+    (COMPLETIONS, {"model": MODEL, "prompt": "x", "use_beam_search": True, "length_penalty": 0.5}, 400,
+     "use_beam_search", "unsupported_parameter"),
+    (CHAT, {"model": MODEL, "messages": HI, "length_penalty": "long"}, 400, "length_penalty", None),
     (COMPLETIONS, {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", "unsupported_parameter"),
 ])
 def test_bad_input_gets_a_4xx_json_error_and_the_server_stays_ready(client, path, body, status, param, code):
@@ -203,7 +209,8 @@ def test_unknown_fields_are_ignored_and_logged_once_neutral_values_accepted(clie
             # what clients send with neutral values
             "presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "response_format": {"type": "text"},
             "n": 1, "user": "u-1", "metadata": {"k": "v"}, "max_completion_tokens": 3, "top_k": -1,
-            "repetition_penalty": 1.0, "skip_special_tokens": True, "logit_bias": {}, "stop_token_ids": []}
+            "repetition_penalty": 1.0, "skip_special_tokens": True, "logit_bias": {}, "stop_token_ids": [],
+            "min_p": 0, "use_beam_search": False, "length_penalty": 1.0, "early_stopping": False}
     plain = client.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
                                     "max_tokens": 3, "temperature": 0}).get_json()
     with caplog.at_level("WARNING", logger="gemma4.api"):

@@ -47,8 +47,8 @@ def test_special_tokens_add_no_text_unless_kept(tok):
     assert "".join(kept.push(i) for i in ids) + kept.flush() == "hello<turn|> world"
 
 
-def stream(tok, text: str, stops) -> tuple[list[str], bool]:
-    s = TextStream(tok, stops)
+def stream(tok, text: str, stops, min_tokens: int = 0) -> tuple[list[str], bool]:
+    s = TextStream(tok, stops, min_tokens=min_tokens)
     pieces = []
     for i in ids_of(tok, text):
         pieces.append(s.push(i))
@@ -81,3 +81,25 @@ def test_stop_prefix_len():
     assert stop_prefix_len("abc", ["xyz"]) == 0
     assert stop_prefix_len("xPari", ["Paris"]) == 4
     assert stop_prefix_len("", ["Paris"]) == 0
+
+
+def test_no_stop_string_counts_within_min_tokens(tok):
+    """vLLM's rule: a stop string counts only if it ends in the text of a token past min_tokens (it
+    may begin before), checked here against every min_tokens over a text with a stop in many places."""
+    text, stops = "ab ab, ab; xab abab.", ["ab"]
+    ids = ids_of(tok, text)
+    assert len(ids) > 6  # the premise: many tokens, so the boundary falls in many places
+    for m in range(len(ids) + 1):
+        before = len(tok.decode(ids[:m]))  # the text of the first m tokens
+        at = text.find("ab", max(0, before - len("ab") + 1))
+        pieces, stopped = stream(tok, text, stops, min_tokens=m)
+        assert stopped == (at >= 0) and "".join(pieces) == (text[:at] if at >= 0 else text), m
+
+
+def test_a_stop_string_may_begin_inside_min_tokens(tok):
+    word = "Ωμέγα"
+    ids = ids_of(tok, word)
+    pieces, stopped = stream(tok, "ok " + word, [word], min_tokens=len(ids_of(tok, "ok ")) + 1)
+    assert len(ids) > 2 and stopped and "".join(pieces) == "ok "
+    pieces, stopped = stream(tok, "ok " + word, [word], min_tokens=len(ids_of(tok, "ok " + word)))
+    assert not stopped and "".join(pieces) == "ok " + word

@@ -152,3 +152,25 @@ def test_best_of_returns_the_likeliest_runs(client):
     assert best["choices"][0]["logprobs"] is None and best["usage"]["completion_tokens"] == runs["usage"]["completion_tokens"]
     resp = client.post(COMPLETIONS, json={"model": MODEL, "stream": True, "best_of": 2} | body)
     assert resp.status_code == 400 and resp.get_json()["error"]["param"] == "best_of"
+
+
+def test_min_p_one_keeps_only_the_best_token_at_any_temperature(client):
+    body = {"prompt": "hello", "max_tokens": 8, "seed": 5}
+    greedy = texts(post(client, COMPLETIONS, body | {"temperature": 0}))
+    assert texts(post(client, COMPLETIONS, body | {"temperature": 2.0, "min_p": 1.0})) == greedy
+    assert texts(post(client, COMPLETIONS, body | {"temperature": 2.0})) != greedy  # the premise: 2.0 wanders
+
+
+def test_stop_strings_wait_for_min_tokens(client):
+    body = {"prompt": "hello", "max_tokens": 8, "temperature": 0}
+    free = post(client, COMPLETIONS, body | {"logprobs": 0})["choices"][0]
+    text, tokens = free["text"], free["logprobs"]["tokens"]
+    stop = tokens[0]
+    assert stop and free["finish_reason"] == "length"
+    cut = post(client, COMPLETIONS, body | {"stop": stop})["choices"][0]
+    assert (cut["text"], cut["finish_reason"]) == ("", "stop")
+    held = post(client, COMPLETIONS, body | {"stop": stop, "min_tokens": 8})["choices"][0]
+    assert (held["text"], held["finish_reason"]) == (text, "length")
+    after = post(client, COMPLETIONS, body | {"stop": stop, "min_tokens": 1})["choices"][0]
+    at = text.find(stop, len(tokens[0]) - len(stop) + 1)  # a stop must end past the first token's text
+    assert after["text"] == (text[:at] if at >= 0 else text)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 
 from contract.greedy import argmax
-from runtime.sampling import GREEDY_BELOW, SamplingParams, distribution, draw, nucleus, sample, softcap, top_candidates
+from runtime.sampling import (
+    GREEDY_BELOW, SamplingParams, distribution, draw, min_p_keep, nucleus, sample, softcap, top_candidates,
+)
 
 from support.rows import V, peaky
 
@@ -142,3 +146,30 @@ def test_the_smallest_sampled_temperature_gives_finite_weights(extra):
         for cap in (CAP, None):
             weights, _ = distribution(peaky(seed).numpy(), params, cap)
             assert np.isfinite(weights).all() and weights.max() > 0
+
+
+@pytest.mark.parametrize("min_p", [0.0, 0.05, 0.5, 1.0])
+def test_min_p_keeps_exactly_the_tokens_at_least_min_p_times_the_best(min_p):
+    """vLLM's definition: after temperature, a token with prob < min_p * max prob is dropped."""
+    probs = torch.softmax(peaky(3).double() / 0.8, 0).numpy()
+    kept = set(min_p_keep(probs / probs.sum() * 7.0, min_p).tolist())  # any scale of the probabilities
+    assert kept == set(np.flatnonzero(probs >= min_p * probs.max()).tolist()) and int(probs.argmax()) in kept
+
+
+@pytest.mark.parametrize("params", [
+    SamplingParams(temperature=0.9, min_p=0.05), SamplingParams(temperature=1.2, min_p=0.1, top_k=20),
+    SamplingParams(temperature=1.0, min_p=0.02, top_p=0.8), SamplingParams(temperature=1.0, min_p=1.0),
+], ids=["min_p", "min_p+top_k", "min_p+top_p", "min_p=1"])
+def test_min_p_distribution_equals_the_reference(params):
+    """min-p before top-k and top-p (vLLM's order: v1/sample/sampler.py applies it with the
+    argmax-invariant processors, between temperature and top-k/top-p)."""
+    row = peaky(4)
+    probs = torch.softmax(softcap(row.double(), CAP) / params.temperature, 0)
+    survivors = torch.where(probs >= params.min_p * probs.max(), probs, torch.zeros_like(probs))
+    want = reference(torch.log(survivors), dataclasses.replace(params, temperature=1.0), None)
+    want = {i: p for i, p in want.items() if p > 0}
+    got = as_dict(*distribution(row.numpy(), params, CAP))
+    assert got.keys() == want.keys() and len(want) >= 1
+    ids = list(want)
+    np.testing.assert_allclose([got[i] for i in ids], [want[i] for i in ids], rtol=2e-4, atol=1e-9)
+    assert params.min_p < 1 or len(want) == 1  # min_p = 1 keeps only the best token

@@ -5,8 +5,9 @@ a bounded queue; every free KV slot takes the next request, preferring the slot 
 shares the longest prefix with its prompt. Each step runs at most `prefill_chunks_per_step` prompt
 chunks (0: whole prompts), then one decode step for every decoding slot, so a long prompt delays
 the running streams by a chunk at a time. A finished or abandoned request frees its slot at once
-and leaves its KV there for a later prompt that shares it. HTTP threads only submit jobs and read
-their events."""
+and leaves its KV there for a later prompt that shares it. The n choices of a request prefill the
+prompt once: the others fork a slot that holds it (a copy of its KV) and draw their first token from
+the same first logits. HTTP threads only submit jobs and read their events."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ from .grammar import LazyGrammars
 from .logits import Controls, TokenChooser, TokenLogprob
 from .metrics import Metrics
 from .model.loader import LoadedModel, load_artifact
-from .model.prefix import choose_slot
-from .model.slots import SlotState
+from .model.prefix import choose_slot, forkable, spare_slot
+from .model.slots import Slot, SlotState
 from .sampling import SamplingParams
 from .settings import Settings, check_backend
 
@@ -42,6 +43,7 @@ ABANDON_POLL_S = 0.05  # how often a waiting request asks whether its client is 
 # A prefill or decode call still running after this long: the device or its runtime hangs, and only a
 # restart helps (a step takes milliseconds; a prefill chunk of the largest bucket well under a second).
 STUCK_AFTER_S = 60.0
+WAIT = -1  # no slot yet for this choice: another choice of its request is prefilling the prompt
 
 
 class State(str, Enum):
@@ -110,6 +112,16 @@ Event = Delta | Finished | Failed
 
 
 @dataclass
+class FirstLogits:
+    """What the n choices of one request share while some have no slot yet: the prompt's logits,
+    once a choice's prefill gave them (a 262,144-wide row is 0.5 MB in bf16: dropped when the last
+    choice has started)."""
+
+    waiting: int  # choices not yet given a slot
+    logits: torch.Tensor | None = None  # (V,) raw, after the prompt's last token
+
+
+@dataclass
 class Job:
     """One request as the engine sees it. The HTTP thread iterates `events()`; a client that goes
     away calls `cancel()` and the engine frees the slot at its next step."""
@@ -123,6 +135,7 @@ class Job:
     grammar: str | None = None  # compiled by Grammars.compile in the HTTP thread (a bad one is a 400 there)
     skip_special_tokens: bool = True
     index: int = 0  # the choice this job produces; the n jobs of one request share one event queue
+    first: FirstLogits | None = field(default=None, repr=False)  # n > 1: shared by the n jobs
     accepted: float = field(default_factory=time.perf_counter)
     _events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
     _cancelled: threading.Event = field(default_factory=threading.Event, repr=False)
@@ -158,7 +171,8 @@ class Job:
                 choices -= 1
 
     def choice(self, index: int) -> Job:
-        """Another choice of the same request: its own seed (seed + index), the same event queue."""
+        """Another choice of the same request: its own seed (seed + index), the same event queue and
+        first logits."""
         seed = None if self.seed is None else self.seed + index
         return dataclasses.replace(self, index=index, seed=seed, _events=self._events, _cancelled=self._cancelled)
 
@@ -299,7 +313,9 @@ class Engine:
         return self._queue.qsize()
 
     def submit(self, job: Job, choices: int = 1) -> Job:
-        """Queue a job with its other choices (n > 1: seeds seed + i, one event queue)."""
+        """Queue a job with its other choices (n > 1: seeds seed + i, one event queue, one prefill)."""
+        if choices > 1:
+            job.first = FirstLogits(waiting=choices)
         with self._lock:
             if self.state is not State.READY:
                 raise NotReady(f"the model is not ready ({self.state.value}: {self.reason})")
@@ -326,8 +342,9 @@ class Engine:
 
     # -- scheduling (engine thread only) ---------------------------------------------------------
     def _admit(self) -> None:
-        """Give waiting jobs to free slots (their prompts prefill in the steps that follow); block
-        briefly for work only when nothing runs."""
+        """Give waiting jobs to free slots (their prompts prefill in the steps that follow, or they
+        fork another choice's slot and decode at once); block briefly for work only when nothing runs.
+        A choice whose prompt another choice is prefilling waits for it, and so does the queue."""
         runner = self.model.runner
         while free := sorted((s for s in runner.slots if s.free), key=lambda s: s.released):
             if not self._choices:
@@ -336,27 +353,72 @@ class Engine:
                                          else self._queue.get(timeout=IDLE_POLL_S))
                 except queue.Empty:
                     return
-            job = self._choices.popleft()
+            job = self._choices[0]
+            source = None if job.cancelled else self._fork_source(job)
+            if source == WAIT:
+                return
+            self._choices.popleft()
+            logits = None if job.first is None else job.first.logits
+            if job.first is not None:
+                job.first.waiting -= 1
+                if not job.first.waiting:
+                    job.first.logits = None  # 0.5 MB at vocab 262,144 in bf16: not kept past the last choice
             if job.cancelled:
                 job.put(Finished("cancelled", len(job.prompt), 0, job.index))
+                continue
+            live = self._live(job)
+            if live is None:
+                continue
+            if source is not None:
+                self._fork(source, free, live, logits)
                 continue
             reuse = self.settings.prefix_reuse
             slot, reused = choose_slot(self.geometry, {s.index: s.tokens if reuse else None for s in free}, job.prompt)
             self.metrics.prefix_admitted(reused)
-            generator = torch.Generator()
-            if job.seed is None:
-                generator.seed()
-            else:
-                generator.manual_seed(job.seed % 2**64)
-            try:
-                matcher = None if job.grammar is None else self.grammars.get().matcher(job.grammar)
-            except ValueError as exc:  # checked at submission: only a matcher that cannot start gets here
-                job.put(Failed(f"the grammar cannot start: {exc}", job.index))
-                continue
-            chooser = TokenChooser(job.controls, job.prompt, self.model.meta.eos_token_ids, matcher)
-            text = TextStream(self.tokenizer, job.stop, job.skip_special_tokens, job.controls.min_tokens)
-            runner.slots[slot].request = _Live(job, text, generator, chooser, job.accepted)
+            runner.slots[slot].request = live
             runner.start(slot, job.prompt, reused)
+
+    def _fork_source(self, job: Job) -> int | None:
+        """For another choice of a request whose prompt's logits are kept: the slot to copy, the one
+        holding the prompt with the fewest positions past it, a free one first (used where it is, no
+        copy); None to prefill (none holds it, or n = 1); WAIT while a choice prefills it.
+        Without prefix reuse only the slots serving the request's choices count."""
+        first, slots = job.first, self.model.runner.slots
+        if first is None:
+            return None
+        if first.logits is None:
+            mine = any(s.state is SlotState.PREFILLING and s.request.job.first is first for s in slots)
+            return WAIT if mine else None
+        held = [s for s in slots if s.state is not SlotState.PREFILLING and forkable(self.geometry, s.tokens, job.prompt)
+                and (self.settings.prefix_reuse or (not s.free and s.request.job.first is first))]
+        best = min(held, key=lambda s: (not s.free, len(s.tokens)), default=None)
+        return None if best is None else best.index
+
+    def _fork(self, source: int, free: list[Slot], live: _Live, logits: torch.Tensor) -> None:
+        """Start a choice in a copy of slot `source`'s KV (in that slot itself if it is free) and draw
+        its first token from the request's first logits, with its own generator."""
+        runner, prompt = self.model.runner, live.job.prompt
+        slot = source if runner.slots[source].free else spare_slot({s.index: s.tokens for s in free})
+        self._device(runner.fork, source, slot, len(prompt))
+        self.metrics.forked(len(prompt))
+        runner.slots[slot].request = live
+        self._accept(slot, logits)
+
+    def _live(self, job: Job) -> _Live | None:
+        """A job's sampling state for its slot, or None after a Failed event (a grammar that cannot start)."""
+        generator = torch.Generator()
+        if job.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(job.seed % 2**64)
+        try:
+            matcher = None if job.grammar is None else self.grammars.get().matcher(job.grammar)
+        except ValueError as exc:  # checked at submission: only a matcher that cannot start gets here
+            job.put(Failed(f"the grammar cannot start: {exc}", job.index))
+            return None
+        chooser = TokenChooser(job.controls, job.prompt, self.model.meta.eos_token_ids, matcher)
+        text = TextStream(self.tokenizer, job.stop, job.skip_special_tokens, job.controls.min_tokens)
+        return _Live(job, text, generator, chooser, job.accepted)
 
     def _step(self) -> None:
         for slot in [s for s, live in self._busy().items() if live.job.cancelled]:
@@ -364,17 +426,30 @@ class Engine:
         runner = self.model.runner
         # Oldest request first: it has waited longest for its first token.
         waiting = sorted((s for s in runner.slots if s.state is SlotState.PREFILLING), key=lambda s: s.request.job.accepted)
-        budget = self.settings.prefill_chunks_per_step or float("inf")
+        budget, shared = self.settings.prefill_chunks_per_step or float("inf"), False
         for s in waiting:
             while budget and s.state is SlotState.PREFILLING:
                 budget -= 1
                 logits = self._device(runner.prefill_step, s.index)
                 if logits is not None:
+                    shared = self._share(s.request.job, logits) or shared
                     self._accept(s.index, logits)
+        if shared:  # the request's other choices fork now and decode in this step
+            self._admit()
         decoding = {s.index: s.request.last for s in runner.slots if s.state is SlotState.DECODING}
         if decoding:
             for slot, row in self._device(runner.decode, decoding).items():
                 self._accept(slot, row)
+
+    @staticmethod
+    def _share(job: Job, logits: torch.Tensor) -> bool:
+        """Keep the prompt's logits for the request's choices still without a slot (a copy: the
+        backend's output is its own)."""
+        first = job.first
+        if first is None or not first.waiting or first.logits is not None:
+            return False
+        first.logits = logits.clone()
+        return True
 
     def _device(self, call, *args):
         """A runner call, timed for the liveness check."""

@@ -32,6 +32,10 @@ class Metrics:
                                      "retained slot instead of prefilling them", registry=r)
         self.prefix_hit_rate = Gauge("gemma4_prefix_hit_rate", "share of requests that kept a retained prefix",
                                      registry=r)
+        self.forks = Counter("gemma4_forks", "choices of an n > 1 request started from a copy of another "
+                             "choice's KV instead of a prefill", registry=r)
+        self.fork_tokens = Counter("gemma4_fork_tokens_saved", "prompt tokens those choices did not prefill",
+                                   registry=r)
         self._prefix = {"hit": 0, "miss": 0}
 
     def watch(self, queue_depth: Callable[[], float], busy_slots: Callable[[], float]) -> None:
@@ -46,6 +50,11 @@ class Metrics:
         self.prefix_requests.labels(result).inc()
         self.prefix_reused.inc(reused)
         self.prefix_hit_rate.set(self._prefix["hit"] / (self._prefix["hit"] + self._prefix["miss"]))
+
+    def forked(self, prompt_tokens: int) -> None:
+        """A choice started from a copy of another choice's KV of its `prompt_tokens`-token prompt."""
+        self.forks.inc()
+        self.fork_tokens.inc(prompt_tokens)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -337,3 +337,58 @@ def test_reuse_gives_what_no_reuse_gives_alone_and_beside_others(b4, compiled):
     assert run(b4, prompts[0], max_tokens=8)[0] == want[0]  # alone
     jobs = [submit(b4, p, max_tokens=8) for p in (prompts[2], prompts[1])]  # beside an unrelated long prompt
     assert [collect(j)[0] for j in jobs] == [want[2], want[1]]
+
+
+def _choices(job: Job, n: int) -> list[str]:
+    """The text of each of a request's n choices, by index."""
+    parts, done = [""] * n, set()
+    for event in job.events(n):
+        assert not isinstance(event, Failed), event.message
+        if isinstance(event, Finished):
+            done.add(event.index)
+        else:
+            parts[event.index] += event.text
+    assert done == set(range(n))
+    return parts
+
+
+def _forks(engine: Engine) -> tuple[float, float]:
+    get = engine.metrics.registry.get_sample_value
+    return get("gemma4_forks_total"), get("gemma4_fork_tokens_saved_total")
+
+
+def test_n_greedy_choices_prefill_once_and_say_what_the_reference_says(b4, recorder):
+    wait_idle(b4)
+    ids = _random(21, 7)
+    forks, saved = _forks(b4)
+    calls = len(recorder)
+    texts = _choices(b4.submit(Job(ids, 8, GREEDY), 3), 3)
+    assert texts == [_reference(b4, ids, 8)] * 3
+    assert [graph for graph, _ in recorder[calls:]].count("prefill") == 1  # 21 tokens: one chunk, once
+    assert _forks(b4) == (forks + 2, saved + 2 * 21)
+
+
+def test_n_seeded_choices_differ_reproduce_and_are_what_their_seeds_give_alone(b4):
+    """Choice i draws with seed + i from the same first logits: what a request of seed + i gives alone."""
+    wait_idle(b4)
+    sampled = SamplingParams(temperature=1.5)
+    ids = _random(12, 8)
+    first = _choices(b4.submit(Job(ids, 10, sampled, seed=40), 3), 3)
+    assert len(set(first)) == 3
+    assert _choices(b4.submit(Job(ids, 10, sampled, seed=40), 3), 3) == first
+    assert [run(b4, ids, 10, sampled, seed=40 + i)[0] for i in range(3)] == first
+
+
+def test_more_choices_than_slots_fork_when_a_slot_frees_or_prefill_past_the_ring(b4, recorder):
+    """Six choices on four slots: the last two wait for a slot and fork a finished choice's retained
+    KV (no prefill). With 40 tokens each the finished choices' sliding rings (40 positions, window 8)
+    no longer hold what the prompt's end reads: the fifth prefills again; all say the reference."""
+    wait_idle(b4)
+    ids = _random(10, 9)
+    forks, _ = _forks(b4)
+    calls = len(recorder)
+    assert _choices(b4.submit(Job(ids, 6, GREEDY), 6), 6) == [_reference(b4, ids, 6)] * 6
+    assert [graph for graph, _ in recorder[calls:]].count("prefill") == 1 and _forks(b4)[0] == forks + 5
+    calls = len(recorder)
+    assert _choices(b4.submit(Job(ids, 40, GREEDY), 5), 5) == [_reference(b4, ids, 40)] * 5
+    assert [graph for graph, _ in recorder[calls:]].count("prefill") == 2

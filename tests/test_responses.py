@@ -62,6 +62,8 @@ def test_n_greedy_choices_are_identical(client):
     assert [c["index"] for c in reply["choices"]] == [0, 1, 2]
     assert len(set(texts(reply))) == 1 and texts(reply)[0]
     assert reply["usage"]["completion_tokens"] == 30
+    metrics = client.get("/metrics").get_data(as_text=True)  # the other two choices copied the prompt's KV
+    assert float(metrics.split("\ngemma4_forks_total ")[1].split()[0]) >= 2
 
 
 def test_n_seeded_samples_differ_and_reproduce_streamed_or_not(client):

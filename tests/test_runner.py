@@ -70,3 +70,53 @@ def test_a_slot_keeps_only_a_prefix_it_holds(runner):
     assert runner.slots[1].plan == [(20, 2, 16)] and runner.slots[1].tokens == ids[:20]
     assert runner.prefill_step(1) is not None
     runner.free(1)
+
+
+def test_a_fork_decodes_on_from_a_copy_of_the_source_slots_kv(runner):
+    """Slot 1 forked from slot 0 after its prefill decodes exactly as slot 0 does, and as a fresh
+    prefill does; the source may be decoding or retained, and a fork is refused by name when the
+    source has not finished its prefill, the target is busy, or the source's ring lost the positions."""
+    ids = [(11 * i + 5) % 700 for i in range(37)]  # two prefill chunks
+    want, _ = runner.greedy(ids, 6, slot=3)
+    runner.slots[3].release()
+    runner.start(0, ids)
+    runner.prefill_step(0)
+    with pytest.raises(RuntimeError, match=r"slot 0 cannot be forked: it has not finished a prefill \(prefilling\)"):
+        runner.fork(0, 1)
+    first = runner.prefill_step(0)
+    runner.fork(0, 1)
+    assert (runner.slots[1].state, runner.slots[1].position, runner.slots[1].tokens) == (SlotState.DECODING, 37, ids)
+    with pytest.raises(RuntimeError, match="slot 1 is decoding, not free"):
+        runner.fork(0, 1)
+    got = {0: [], 1: []}
+    token = {0: int(first.argmax()), 1: int(first.argmax())}
+    for _ in range(6):
+        for slot in (0, 1):
+            got[slot].append(token[slot])
+        token = {slot: int(row.argmax()) for slot, row in runner.decode(token).items()}
+    assert got[0] == got[1] == want
+    runner.free(0)  # retained: 37 prompt positions and 6 more; slot 2 forks from its prompt's end
+    runner.fork(0, 2, keep=37)
+    assert runner.slots[2].tokens == ids
+    assert int(runner.decode({2: want[0]})[2].argmax()) == want[1]
+    with pytest.raises(ValueError, match="a fork keeps 1 to 43 of them, ending at most 32 before the last .* not 5"):
+        runner.fork(0, 3, keep=5)
+    for slot in (1, 2):
+        runner.free(slot)
+
+
+def test_a_forked_slots_retained_kv_is_reused_exactly(runner):
+    """A forked slot's `tokens` say what its KV holds: a later prompt that shares them keeps them and
+    continues as a fresh prefill of the whole prompt does."""
+    ids = [(13 * i + 2) % 600 for i in range(20)]
+    logits = runner.prefill(0, ids)
+    runner.fork(0, 1)
+    runner.free(0)
+    tok = int(logits.argmax())
+    runner.decode({1: tok})
+    runner.free(1)
+    follow = ids + [tok] + [7, 8, 9]
+    assert runner.reusable(1, follow) == 21
+    reused, _ = runner.greedy(follow, 5, slot=1, reused=21)
+    fresh, _ = runner.greedy(follow, 5, slot=2)
+    assert reused == fresh

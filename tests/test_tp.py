@@ -123,6 +123,29 @@ def test_the_backend_resets_and_closes_cleanly(compiled):
         model.runner.prefill(0, ids)
 
 
+def test_a_fork_copies_every_ranks_own_kv(compiled):
+    """tp 2 with two slots: slot 1, forked from slot 0 after its prefill, decodes alone what tp 1
+    decodes, to float32 rounding (a rank that kept its old row would break the all-reduce sum)."""
+    ids = [(17 * i + 4) % 900 for i in range(21)]  # prefill chunks of 16 and 5 (buckets 8, 16)
+    tp1 = load_artifact(compiled("tiny-12b", "fp32"))
+    want, want_logits = tp1.runner.greedy(ids, 8)
+    tp1.close()
+    model = load_artifact(compiled("tiny-12b", "chunks-tp2"))
+    try:
+        runner = model.runner
+        logits = runner.prefill(0, ids)
+        runner.fork(0, 1)
+        runner.free(0)
+        got = []
+        for step in range(8):
+            assert torch.allclose(logits, want_logits[step], atol=1e-4), step
+            got.append(int(logits.argmax()))
+            logits = runner.decode({1: got[-1]})[1]
+        assert got == want
+    finally:
+        model.close()
+
+
 def test_a_killed_rank_is_a_clear_error_not_a_hang(compiled):
     model = load_artifact(compiled("tiny-12b", "tp2"))
     pids = model.runner.backend.group.pids

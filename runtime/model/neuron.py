@@ -78,6 +78,16 @@ class ResidentKV:
             for dst, src in zip(rank, rank_values, strict=True):
                 dst.copy_(src)  # into the device buffer, as NxD writes a state buffer
 
+    def copy_slot(self, src: int, dst: int) -> None:
+        """Slot dst's KV := slot src's, on every rank. NxD reads and writes a state buffer only whole
+        (nxd_model.py read_from_neuron_buffer / write_to_neuron_buffer, which refuses another shape),
+        so the whole state makes a host round trip and only row dst changes."""
+        values = self.read()
+        for rank in values:
+            for t in rank:  # (B, KVH, S, D)
+                t[dst] = t[src]
+        self.write(values)
+
 
 class _HostPrefill:
     """`prefill: host`: the whole model prefills on the host CPU; its KV goes into the model's state."""
@@ -97,7 +107,7 @@ class _HostPrefill:
 
 class NeuronBackend:
     """The runner's Backend on NeuronCores: inputs come without KV, which never leaves the device
-    except through a host prefill."""
+    except through a host prefill or a slot copy."""
 
     def __init__(self, folder: Path, meta: ArtifactMeta):
         check_versions(meta.versions, installed_versions())  # before anything touches a NeuronCore
@@ -132,6 +142,9 @@ class NeuronBackend:
 
     def decode(self, keys: int, inputs) -> torch.Tensor:
         return self._run(inputs)
+
+    def copy_slot(self, src: int, dst: int) -> None:
+        self.kv.copy_slot(src, dst)
 
     def reset(self) -> None:
         self.kv.zero()

@@ -13,7 +13,7 @@ from contract.errors import Gemma4Error
 from contract.greedy import argmax
 from contract.hostside import HostInputs
 
-from .prefix import reusable_prefix
+from .prefix import reusable_prefix, ring_holds
 from .slots import Slot, SlotState
 
 
@@ -22,6 +22,7 @@ class Backend(Protocol):
 
     def prefill(self, bucket: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
     def decode(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
+    def copy_slot(self, src: int, dst: int) -> None: ...  # slot dst's KV := slot src's, every position
     def reset(self) -> None: ...
     def close(self) -> None: ...
 
@@ -97,6 +98,27 @@ class ModelRunner:
         while (logits := self.prefill_step(slot)) is None:
             pass
         return logits
+
+    def fork(self, src: int, dst: int, keep: int | None = None) -> None:
+        """Make free slot `dst` decode on from the first `keep` positions (default: all) that slot
+        `src` holds, without a prefill: the backend copies src's KV into dst (nothing to copy when they
+        are the same retained slot). src must have finished its prefill, and a src that went on past
+        `keep` only as far as its sliding ring still holds the positions dst reads (the reuse rule)."""
+        s, d = self.slots[src], self.slots[dst]
+        if s.state is SlotState.PREFILLING or not s.tokens:
+            raise RuntimeError(f"slot {src} cannot be forked: it has not finished a prefill ({s.state.value})")
+        if not d.free:
+            raise RuntimeError(f"slot {dst} is {d.state.value}, not free")
+        held = len(s.tokens)
+        keep = held if keep is None else keep
+        if not (0 < keep <= held and ring_holds(self.geo, held, keep)):
+            ring = self.geo.ring < self.geo.kv_max
+            raise ValueError(f"slot {src} holds {held} positions; a fork keeps 1 to {held} of them" + (
+                f", ending at most {self.geo.ring - self.geo.sliding_window} before the last (its sliding ring of "
+                f"{self.geo.ring} positions has overwritten older keys)" if ring else "") + f", not {keep}")
+        if src != dst:
+            self.backend.copy_slot(src, dst)
+        d.forked(s.tokens[:keep])
 
     def reusable(self, slot: int, ids: list[int]) -> int:
         """Leading positions of `ids` whose KV the slot holds and may keep (the reuse rule)."""

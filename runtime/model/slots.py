@@ -2,11 +2,14 @@
 
     free --start--> prefilling (chunk k of its prompt next) --last chunk--> decoding --release--> retained
     retained --start (reusing a prefix of `tokens`, or none)--> prefilling
+    free or retained --fork (a copy of another slot's KV, that slot decoding or retained)--> decoding
 
 A retained slot takes a new request like a free one, but still holds the KV of `tokens`: a prompt
 that shares a long enough prefix with them prefills only past it (runtime/model/prefix.py). Its
-masks never reach past the new prompt's positions, so the rest of the old KV is never read. The
-engine hangs the request it serves on `request`."""
+masks never reach past the new prompt's positions, so the rest of the old KV is never read. A fork
+skips the prefill: the slot gets a copy of another slot's KV and decodes on from the end of the
+prompt they share (another choice of the same request). The engine hangs the request it serves on
+`request`."""
 
 from __future__ import annotations
 
@@ -42,6 +45,11 @@ class Slot:
     def start(self, prompt: list[int], reused: int, plan: list[tuple[int, int, int]]) -> None:
         self.state, self.prompt, self.plan, self.chunk = SlotState.PREFILLING, list(prompt), plan, 0
         self.tokens, self.position = self.tokens[:reused], reused
+
+    def forked(self, tokens: list[int]) -> None:
+        """Its KV is now a copy of one that holds `tokens` (and maybe more, never read): decode on."""
+        self.state, self.prompt, self.plan, self.chunk = SlotState.DECODING, [], [], 0
+        self.tokens, self.position = list(tokens), len(tokens)
 
     def wrote(self, tokens: list[int]) -> None:
         """`tokens` now have their KV at the next positions."""

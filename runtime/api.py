@@ -52,9 +52,12 @@ def _stops(value) -> tuple[str, ...]:
 
 
 def _prompt(value) -> str | list[int]:
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
+        value = value[0]  # a batch of one, as lm-evaluation-harness sends token ids
     if isinstance(value, str) or (isinstance(value, list) and value and all(type(t) is int for t in value)):
         return value
-    raise ValueError("must be a string or a non-empty list of token ids")
+    raise ValueError("must be a string, a non-empty list of token ids, or a list of one of them (one prompt per "
+                     "request: this server does not take a batch of prompts)")
 
 
 class _Lenient(BaseModel):
@@ -135,6 +138,7 @@ class _Body(_Lenient):
     ignore_eos: bool = False
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = Field(default=None, ge=0, le=20)  # vLLM's: the prompt's own logprobs
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict | bool | None = None
@@ -158,6 +162,13 @@ class _Body(_Lenient):
     def logprob_alternatives(self) -> int | None:
         """Alternatives per token when logprobs are asked for, else None (each endpoint spells it its way)."""
         return None
+
+    def prompt_alternatives(self) -> int | None:
+        """Alternatives per prompt token when the prompt's logprobs are needed, else None."""
+        if self.prompt_logprobs is not None and self.stream:
+            raise APIError(400, "prompt_logprobs: not available when stream is true (as in vLLM)",
+                           param="prompt_logprobs", code="invalid_value")
+        return self.prompt_logprobs
 
     def runs(self) -> int:
         """Generations to run: n (completions' best_of may ask for more)."""
@@ -247,6 +258,12 @@ class CompletionBody(_Body):
     def logprob_alternatives(self) -> int | None:
         # best_of ranks the runs by their logprobs, asked for or not
         return 0 if self.logprobs is None and self.runs() > self.n else self.logprobs
+
+    def prompt_alternatives(self) -> int | None:
+        asked = super().prompt_alternatives()
+        if not (self.echo and self.logprobs is not None):
+            return asked
+        return max(asked or 0, self.logprobs)  # echo shows the prompt's tokens with their logprobs
 
 
 def ready_engine() -> Engine:
@@ -338,7 +355,8 @@ def submit(eng: Engine, body: _Body, prompt: list[int], max_tokens: int | None, 
     except DoesNotFit as exc:
         raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
     job = Job(prompt, budget, body.sampling(), body.stop or (), body.seed, controls=body.controls(eng.geometry.vocab),
-              grammar=compile_grammar(eng, body, forced), skip_special_tokens=skip_special_tokens)
+              grammar=compile_grammar(eng, body, forced), skip_special_tokens=skip_special_tokens,
+              prompt_logprobs=body.prompt_alternatives())
     try:
         return eng.submit(job, body.runs())
     except QueueFull as exc:
@@ -391,7 +409,8 @@ def chat_completions():
                  forced=forced(eng.tokenizer, body.tools, body.tool_choice, body.parallel_tool_calls, text))
     parser = functools.partial(ReplyParser, eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens)
     return respond(job, body, Shape(eng.model_name, token_bytes(eng), parser, logprobs=body.logprobs,
-                                    named_tool=isinstance(body.tool_choice, ToolChoiceFunction)))
+                                    named_tool=isinstance(body.tool_choice, ToolChoiceFunction),
+                                    prompt_logprobs=body.prompt_logprobs))
 
 
 @bp.post("/completions")
@@ -407,13 +426,12 @@ def completions():
         vocab = eng.geometry.vocab
         if not all(0 <= t < vocab for t in prompt):
             raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
-    if body.echo and body.logprobs is not None:
-        raise APIError(400, "echo: with logprobs it needs the prompt's logprobs, which this server does not compute",
-                       param="echo", code="unsupported_parameter")
     job = submit(eng, body, list(prompt), body.max_tokens, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS,
                  skip_special_tokens=body.skip_special_tokens)
     echo = "" if not body.echo else body.prompt if isinstance(body.prompt, str) else eng.tokenizer.decode(prompt)
-    return respond(job, body, Shape(eng.model_name, token_bytes(eng), logprobs=body.logprobs is not None, echo=echo))
+    return respond(job, body, Shape(eng.model_name, token_bytes(eng), logprobs=body.logprobs is not None, echo=echo,
+                                    echo_logprobs=body.logprobs if body.echo else None,
+                                    prompt_logprobs=body.prompt_logprobs))
 
 
 def token_bytes(eng: Engine):

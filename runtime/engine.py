@@ -28,7 +28,7 @@ from contract.errors import Gemma4Error
 
 from .detok import TextStream
 from .grammar import LazyGrammars
-from .logits import Controls, TokenChooser, TokenLogprob
+from .logits import Controls, TokenChooser, TokenLogprob, prompt_logprob
 from .metrics import Metrics
 from .model.loader import LoadedModel, load_artifact
 from .model.prefix import choose_slot, forkable, spare_slot
@@ -91,6 +91,7 @@ class Delta:
     index: int = 0  # the choice (n > 1)
     completion_tokens: int = 0  # generated so far
     logprobs: tuple[TokenLogprob, ...] = ()  # of the tokens generated since the last Delta (if asked for)
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # of the prompt's tokens after the first, once it is in
 
 
 @dataclass(frozen=True)
@@ -134,6 +135,7 @@ class Job:
     controls: Controls = Controls()
     grammar: str | None = None  # compiled by Grammars.compile in the HTTP thread (a bad one is a 400 there)
     skip_special_tokens: bool = True
+    prompt_logprobs: int | None = None  # alternatives per prompt token when the prompt's logprobs are asked for
     index: int = 0  # the choice this job produces; the n jobs of one request share one event queue
     first: FirstLogits | None = field(default=None, repr=False)  # n > 1: shared by the n jobs
     accepted: float = field(default_factory=time.perf_counter)
@@ -146,6 +148,14 @@ class Job:
     @property
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
+
+    @property
+    def prefill(self) -> list[int]:
+        """What its slot prefills: the prompt, or only its first token when the prompt's logprobs are
+        asked for. The prefill graph gives the last position's logits only, so the rest of that prompt is
+        fed one decode step per token (teacher forcing, beside the other slots' steps), each step's
+        logits scoring the next prompt token; no retained prefix is reused for it."""
+        return self.prompt[:1] if self.prompt_logprobs is not None else self.prompt
 
     def put(self, event: Event) -> None:
         self._events.put(event)
@@ -189,6 +199,11 @@ class _Live:
     last: int = -1  # the token to feed at the next decode step
     generated: int = 0
     logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
+    fed: int = 0  # prompt tokens in the KV (set from the job): below len(prompt) the prompt is teacher-forced
+    prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.fed = len(self.job.prefill)
 
 
 class Engine:
@@ -314,7 +329,7 @@ class Engine:
 
     def submit(self, job: Job, choices: int = 1) -> Job:
         """Queue a job with its other choices (n > 1: seeds seed + i, one event queue, one prefill)."""
-        if choices > 1:
+        if choices > 1 and job.prompt_logprobs is None:  # a teacher-forced prompt has no prefill to share
             job.first = FirstLogits(waiting=choices)
         with self._lock:
             if self.state is not State.READY:
@@ -373,10 +388,10 @@ class Engine:
                 self._fork(source, free, live, logits)
                 continue
             reuse = self.settings.prefix_reuse
-            slot, reused = choose_slot(self.geometry, {s.index: s.tokens if reuse else None for s in free}, job.prompt)
+            slot, reused = choose_slot(self.geometry, {s.index: s.tokens if reuse else None for s in free}, job.prefill)
             self.metrics.prefix_admitted(reused)
             runner.slots[slot].request = live
-            runner.start(slot, job.prompt, reused)
+            runner.start(slot, job.prefill, reused)
 
     def _fork_source(self, job: Job) -> int | None:
         """For another choice of a request whose prompt's logits are kept: the slot to copy, the one
@@ -463,6 +478,8 @@ class Engine:
         """Choose the next token of a slot from its logits and pass on the text it completes."""
         live = self.model.runner.slots[slot].request
         job = live.job
+        if live.fed < len(job.prompt):
+            return self._force(live, logits)
         try:
             token, logprob = live.chooser.choose(logits, job.sampling, self.geometry.softcap, live.generator)
         except ValueError as exc:  # a grammar that cannot go on: this request fails, the others go on
@@ -473,10 +490,10 @@ class Engine:
         self.metrics.tokens.inc()
         live.last_time, live.last = now, token
         live.generated += 1
-        if live.chooser.ends_generation(token):  # an end id is not part of the reply: no logprob either
-            return self._finish(slot, "stop")
-        if logprob is not None:
+        if logprob is not None:  # an end id's too, as vLLM gives it: one logprob per generated token
             live.logprobs.append(logprob)
+        if live.chooser.ends_generation(token):  # an end id is not part of the reply's text
+            return self._finish(slot, "stop")
         text = live.text.push(token)
         if text:
             job.put(Delta(text, job.index, live.generated, tuple(live.logprobs)))
@@ -485,6 +502,18 @@ class Engine:
             self._finish(slot, "stop")
         elif live.generated >= job.max_tokens:
             self._finish(slot, "length")
+
+    def _force(self, live: _Live, logits: torch.Tensor) -> None:
+        """Teacher forcing: the logits score the prompt's next token, which is fed instead of a sampled
+        one; once the prompt is in, its logprobs go out in one Delta and sampling starts."""
+        job = live.job
+        token = job.prompt[live.fed]
+        live.prompt_logprobs.append(prompt_logprob(logits, token, job.prompt_logprobs, self.geometry.softcap))
+        live.fed += 1
+        live.last = token
+        if live.fed == len(job.prompt):
+            job.put(Delta("", job.index, prompt_logprobs=tuple(live.prompt_logprobs)))
+            live.prompt_logprobs.clear()
 
     def _finish(self, slot: int, reason: str) -> None:
         live = self.model.runner.slots[slot].request

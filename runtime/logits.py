@@ -13,6 +13,7 @@ temperature, penalties, bias and the grammar mask, as vLLM's default (`raw_logpr
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -44,8 +45,9 @@ class Controls:
 @dataclass(frozen=True)
 class TokenLogprob:
     token: int
-    logprob: float
+    logprob: float | None  # None: nothing predicts it (a prompt's first token)
     top: tuple[tuple[int, float], ...]  # the most likely ids and their logprobs, best first
+    rank: int | None = None  # 1 + how many ids are likelier (asked for a prompt's tokens, as vLLM reports them)
 
 
 def float_row(logits: torch.Tensor) -> np.ndarray:
@@ -78,6 +80,14 @@ def logprobs(logits: torch.Tensor, token: int, k: int, cap: float | None) -> Tok
         values, ids = top_candidates(x, k)
         best = tuple(zip(ids.tolist(), lp(values).tolist()))
     return TokenLogprob(token, float(lp(x[token : token + 1])[0]), best)
+
+
+def prompt_logprob(logits: torch.Tensor, token: int, k: int, cap: float | None) -> TokenLogprob:
+    """`logprobs` of a prompt token under the logits of the positions before it, with its rank (one more
+    comparison pass; the softcap is monotonic, so the raw row ranks as the capped one)."""
+    x = logits.float().numpy()
+    rank = 1 + int(np.count_nonzero(x > x[token]))
+    return dataclasses.replace(logprobs(logits, token, k, cap), rank=rank)
 
 
 class TokenChooser:

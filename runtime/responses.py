@@ -7,6 +7,7 @@ this module shapes the result as OpenAI's chat and text completions do, with vLL
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
@@ -48,10 +49,25 @@ def completion_logprobs(entries, token_bytes: TokenBytes, offset: int) -> tuple[
         text = _token(e.token, token_bytes)[0]
         out["tokens"].append(text)
         out["token_logprobs"].append(e.logprob)
-        out["top_logprobs"].append({_token(tid, token_bytes)[0]: lp for tid, lp in e.top})
+        out["top_logprobs"].append(None if e.logprob is None else {_token(tid, token_bytes)[0]: lp for tid, lp in e.top})
         out["text_offset"].append(offset)
         offset += len(text)
     return out, offset
+
+
+def vllm_prompt_logprobs(entries, k: int, token_bytes: TokenBytes) -> list:
+    """vLLM's `prompt_logprobs`: None for the first token, then per token {id: {logprob, rank,
+    decoded_token}} for the prompt's token and the k likeliest (ids as JSON keys, the prompt's first)."""
+    out: list = []
+    for e in entries:
+        if e.logprob is None:
+            out.append(None)
+            continue
+        row = {str(e.token): {"logprob": e.logprob, "rank": e.rank, "decoded_token": _token(e.token, token_bytes)[0]}}
+        for rank, (tid, lp) in enumerate(e.top[:k], start=1):
+            row.setdefault(str(tid), {"logprob": lp, "rank": rank, "decoded_token": _token(tid, token_bytes)[0]})
+        out.append(row)
+    return out
 
 
 @dataclass
@@ -65,6 +81,8 @@ class Shape:
     logprobs: bool = False
     named_tool: bool = False  # chat: a named tool_choice forced the call (its finish_reason is stop)
     echo: str = ""  # completions: the prompt, shown before each choice's text
+    echo_logprobs: int | None = None  # completions: alternatives per echoed prompt token in `logprobs`
+    prompt_logprobs: int | None = None  # vLLM's `prompt_logprobs`: alternatives per prompt token
     id: str = ""
     created: int = field(default_factory=lambda: int(time.time()))
 
@@ -84,14 +102,17 @@ class _Choice:
     """One choice as it accumulates: the chat reply (or the completion's text), logprobs not yet
     shown, the finish, and the completions text offset."""
 
-    def __init__(self, shape: Shape, index: int):
+    def __init__(self, shape: Shape, index: int, prompt: list[int]):
         self.shape, self.index = shape, index
         self.parser = shape.parser() if shape.chat else None
         self.reply = Reply()
         self.text: list[str] = [shape.echo]
         self.entries: list[TokenLogprob] = []  # every logprob (a whole response)
         self.pending: list[TokenLogprob] = []  # logprobs no chunk has carried yet (a stream)
-        self.offset = len(shape.echo)
+        self.prompt = [TokenLogprob(prompt[0], None, ())]  # the prompt's logprobs (if asked for), as they come
+        self.echoed = False  # a stream: the echo chunk went out
+        # With the prompt's tokens in `logprobs`, the offsets run through them, as vLLM counts them.
+        self.offset = 0 if shape.echo_logprobs is not None else len(shape.echo)
         self.tokens = 0
         self.finish: str | None = None
 
@@ -104,6 +125,19 @@ class _Choice:
         pieces = self.parser.feed(text) if text else []
         return [self.reply.add(p) for p in pieces + (self.parser.finish() if end else [])]
 
+    def take(self, event: Delta | Finished) -> None:
+        """An event's logprobs and the choice's token count."""
+        if isinstance(event, Delta):
+            self.prompt.extend(event.prompt_logprobs)
+        self.entries.extend(event.logprobs)
+        self.pending.extend(event.logprobs)
+        self.tokens = event.completion_tokens
+
+    def echoed_logprobs(self) -> list[TokenLogprob]:
+        """The prompt's entries that `logprobs` shows before the generated ones (echo with logprobs)."""
+        k = self.shape.echo_logprobs
+        return [] if k is None else [dataclasses.replace(e, top=e.top[:k]) for e in self.prompt]
+
     def logprobs(self, entries) -> dict | None:
         if not self.shape.logprobs:
             return None
@@ -115,10 +149,16 @@ class _Choice:
     def finish_reason(self, reason: str) -> str:
         return self.reply.finish_reason(reason, self.shape.named_tool) if self.shape.chat else reason
 
+    def prompt_logprobs(self) -> list:
+        return vllm_prompt_logprobs(self.prompt, self.shape.prompt_logprobs, self.shape.token_bytes)
+
     def whole(self) -> dict:
         body = {"message": self.reply.message()} if self.shape.chat else {"text": "".join(self.text)}
-        return {"index": self.index} | body | {"logprobs": self.logprobs(self.entries),
-                                               "finish_reason": self.finish_reason(self.finish)}
+        out = {"index": self.index} | body | {"logprobs": self.logprobs(self.echoed_logprobs() + self.entries),
+                                              "finish_reason": self.finish_reason(self.finish)}
+        if self.shape.prompt_logprobs is not None and not self.shape.chat:  # vLLM: per choice in completions
+            out["prompt_logprobs"] = self.prompt_logprobs()
+        return out
 
     def chunk(self, delta: dict | None, finish: str | None = None) -> dict:
         """One stream choice, carrying the logprobs that came since the last chunk."""
@@ -137,17 +177,17 @@ def whole(job: Job, shape: Shape, n: int, runs: int | None = None, abandoned: Ca
     """The response body of a request that does not stream: every choice run to its end. With
     `runs` > n (best_of), the n runs of the highest cumulative logprob are the choices."""
     runs = runs or n
-    choices = [_Choice(shape, i) for i in range(runs)]
+    choices = [_Choice(shape, i, job.prompt) for i in range(runs)]
     for event in job.events(runs, abandoned):
         if isinstance(event, Failed):
             job.cancel()
             raise APIError(503, f"generation failed: {event.message}", code="engine_error")
         c = choices[event.index]
-        c.entries.extend(event.logprobs)
+        c.take(event)
         if isinstance(event, Delta):
             c.deltas(event.text)
         else:
-            c.finish, c.tokens = event.reason, event.completion_tokens
+            c.finish = event.reason
             c.deltas("", end=True)
     if any(c.finish == "cancelled" for c in choices):  # nobody reads this; the access log shows "client closed"
         raise APIError(499, "the client closed the connection before the answer was ready", code="client_closed")
@@ -156,7 +196,8 @@ def whole(job: Job, shape: Shape, n: int, runs: int | None = None, abandoned: Ca
         choices = sorted(choices, key=lambda c: -sum(e.logprob for e in c.entries))[:n]
         for i, c in enumerate(choices):
             c.index = i
-    return shape.envelope([c.whole() for c in choices], chunk=False, usage=usage(len(job.prompt), tokens))
+    extra = {"prompt_logprobs": choices[0].prompt_logprobs()} if shape.chat and shape.prompt_logprobs is not None else {}
+    return shape.envelope([c.whole() for c in choices], chunk=False, usage=usage(len(job.prompt), tokens), **extra)
 
 
 def sse(obj: dict | str) -> str:
@@ -166,7 +207,7 @@ def sse(obj: dict | str) -> str:
 def stream(job: Job, shape: Shape, n: int, include_usage: bool, continuous_usage: bool) -> Iterator[str]:
     """SSE chunks, then `data: [DONE]`. Leaving early (the client went away: the server closes this
     generator) cancels the job, which frees its slots."""
-    choices = [_Choice(shape, i) for i in range(n)]
+    choices = [_Choice(shape, i, job.prompt) for i in range(n)]
 
     def chunk(choice_list: list, **extra) -> str:
         if continuous_usage:
@@ -177,15 +218,16 @@ def stream(job: Job, shape: Shape, n: int, include_usage: bool, continuous_usage
         for c in choices:
             if shape.chat:
                 yield chunk([c.chunk({"role": "assistant", "content": ""})])
-            elif shape.echo:
-                yield chunk([c.chunk({"text": shape.echo})])
         for event in job.events(n):
             if isinstance(event, Failed):
                 yield sse(APIError(503, f"generation failed: {event.message}", code="engine_error").body())
                 return
             c = choices[event.index]
-            c.tokens = event.completion_tokens
-            c.pending.extend(event.logprobs)
+            c.take(event)
+            if shape.echo and not c.echoed:  # the prompt, with its logprobs if asked for, before any token
+                c.echoed, generated, c.pending = True, c.pending, c.echoed_logprobs()
+                yield chunk([c.chunk({"text": shape.echo})])
+                c.pending = generated
             end = isinstance(event, Finished)
             for delta in c.deltas(event.text if not end else "", end=end):
                 yield chunk([c.chunk(delta)])

@@ -47,6 +47,9 @@ def test_completions_accept_token_ids_and_default_to_16_tokens(client, engine):
     by_text = client.post(COMPLETIONS, json={"model": MODEL, "prompt": "hello world", "temperature": 0}).get_json()
     assert by_ids["choices"][0]["text"] == by_text["choices"][0]["text"]
     assert by_ids["usage"]["completion_tokens"] == 16
+    for batch_of_one in ([ids], ["hello world"]):  # as lm-evaluation-harness sends a prompt
+        one = client.post(COMPLETIONS, json={"model": MODEL, "prompt": batch_of_one, "temperature": 0}).get_json()
+        assert one["choices"][0]["text"] == by_text["choices"][0]["text"]
 
 
 def test_stop_strings_over_the_api(client):
@@ -118,7 +121,9 @@ TOO_LONG = "hello world " * 40  # > 64 tokens, the context of tiny-e2b
     (COMPLETIONS, {"model": MODEL, "prompt": "x", "use_beam_search": True, "length_penalty": 0.5}, 400,
      "use_beam_search", "unsupported_parameter"),
     (CHAT, {"model": MODEL, "messages": HI, "length_penalty": "long"}, 400, "length_penalty", None),
-    (COMPLETIONS, {"model": MODEL, "prompt": "x", "echo": True, "logprobs": 1}, 400, "echo", "unsupported_parameter"),
+    (COMPLETIONS, {"model": MODEL, "prompt": [[1, 2], [3]]}, 400, "prompt", None),
+    (COMPLETIONS, {"model": MODEL, "prompt": "x", "prompt_logprobs": -1}, 400, "prompt_logprobs", None),
+    (CHAT, {"model": MODEL, "messages": HI, "prompt_logprobs": 21}, 400, "prompt_logprobs", None),
 ])
 def test_bad_input_gets_a_4xx_json_error_and_the_server_stays_ready(client, path, body, status, param, code):
     resp = client.post(path, data=body) if isinstance(body, bytes) else client.post(path, json=body)

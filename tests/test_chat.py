@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import json
 
-import httpx2
-import openai
 import pytest
 
 from runtime.app import create_app
@@ -16,6 +14,7 @@ from runtime.engine import State
 from runtime.settings import Settings
 
 from support.engines import running
+from support.http import openai_client
 
 CHAT = "/v1/chat/completions"
 MODEL = "tiny-e2b"
@@ -48,10 +47,7 @@ def client(engine):
 
 @pytest.fixture(scope="module")
 def oai(engine):
-    """The official client, on the app in process (WSGI), as it would talk to the server."""
-    app = create_app(engine.settings, engine)
-    return openai.OpenAI(base_url="http://chat.test/v1", api_key="unused", max_retries=0,
-                         http_client=httpx2.Client(transport=httpx2.WSGITransport(app=app)))
+    return openai_client(engine)
 
 
 def sse(resp) -> list[dict]:

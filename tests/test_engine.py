@@ -392,3 +392,40 @@ def test_more_choices_than_slots_fork_when_a_slot_frees_or_prefill_past_the_ring
     calls = len(recorder)
     assert _choices(b4.submit(Job(ids, 40, GREEDY), 5), 5) == [_reference(b4, ids, 40)] * 5
     assert [graph for graph, _ in recorder[calls:]].count("prefill") == 2
+
+
+def test_prompt_logprobs_are_the_references_log_softmax_at_every_prompt_position(b4, recorder):
+    """Teacher forcing: a prompt whose logprobs are asked for prefills its first token only and is fed
+    one decode step per token beside a running stream, which goes on undelayed by a prefill; every
+    prompt token's logprob, rank and top ids are those of transformers' log_softmax of the softcapped
+    reference logits (float32 artifact: within twice the logit bound), and the reply that follows is
+    the one of a plain request."""
+    from contract.logit_error import BOUNDS
+    from gemma4_port.reference import load_reference
+
+    wait_idle(b4)
+    ids = _random(40, 7)
+    plain_text, _ = run(b4, ids, max_tokens=6)
+    calls = len(recorder)
+    stream = submit(b4, PROMPTS[0], max_tokens=45)
+    while not any(graph == "decode" for graph, _ in recorder[calls:]):
+        time.sleep(0.005)
+    calls = len(recorder)
+    job = submit(b4, ids, max_tokens=6, prompt_logprobs=3)
+    events = list(job.events())
+    collect(stream)
+    [prompt] = [e.prompt_logprobs for e in events if getattr(e, "prompt_logprobs", ())]
+    assert "".join(e.text for e in events if hasattr(e, "text")) == plain_text
+    prefills = [states for graph, states in recorder[calls:] if graph == "prefill"]
+    assert len(prefills) == 1  # the first token only; the other 39 came in decode steps beside the stream
+    with torch.no_grad():
+        reference = load_reference(Path(b4.model.meta.checkpoint))(input_ids=torch.tensor([ids])).logits[0]
+    want = torch.log_softmax(reference.double(), -1)  # (S, V): position i scores token i + 1
+    bound = 2 * BOUNDS["float32"].max_abs  # a log_softmax moves at most twice its logits' error
+    assert [e.token for e in prompt] == ids[1:]
+    for i, e in enumerate(prompt):
+        row = want[i]
+        assert abs(e.logprob - float(row[ids[i + 1]])) <= bound, i
+        assert e.rank == 1 + int((row > row[ids[i + 1]]).sum())
+        assert [t for t, _ in e.top] == row.topk(3).indices.tolist()
+        assert max(abs(lp - float(row[t])) for t, lp in e.top) <= bound

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from runtime.logits import Controls, TokenChooser, capped_row, logprobs
+from runtime.logits import Controls, TokenChooser, capped_row, logprobs, prompt_logprob
 from runtime.sampling import SamplingParams, sample, softcap
 
 V, CAP = 4096, 30.0
@@ -31,6 +31,18 @@ def test_logprobs_are_log_softmax_of_the_softcapped_row(dtype):
         assert ids == torch.topk(want, 5).indices.tolist()
         assert [lp for _, lp in got.top] == pytest.approx(want[ids].tolist(), abs=1e-4)
     assert logprobs(row, 7, 0, CAP).top == ()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_tokens_logprob_carries_its_rank(dtype):
+    for row in rows(3, seed=1, dtype=dtype):
+        want = torch.log_softmax(softcap(row.float(), CAP).double(), -1)
+        for token in (int(want.argmax()), 7, int(want.argmin())):
+            got, plain = prompt_logprob(row, token, 2, CAP), logprobs(row, token, 2, CAP)
+            assert (got.token, got.logprob, got.top) == (token, plain.logprob, plain.top)
+            # 1 + the ids likelier than it under log_softmax(softcap): ties (bf16 has many) share a rank
+            assert got.rank == 1 + int((want > want[token]).sum())
+    assert prompt_logprob(row, int(row.float().argmax()), 0, CAP).rank == 1
 
 
 def test_capped_row_is_the_softcap_and_leaves_the_input_alone():

@@ -12,6 +12,7 @@ from runtime.engine import State
 from runtime.settings import Settings
 
 from support.engines import running
+from support.http import openai_client
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -122,8 +123,10 @@ def test_ignore_eos_min_tokens_and_stop_token_ids(client, engine):
     base = {"messages": HI, "max_tokens": 8, "temperature": 0, "logit_bias": {str(eos): 100}}
     stopped = post(client, CHAT, base)["choices"][0]
     assert stopped["finish_reason"] == "stop" and stopped["message"]["content"] == ""
-    held = post(client, CHAT, base | {"min_tokens": 3})
+    held = post(client, CHAT, base | {"min_tokens": 3, "logprobs": True})
     assert held["choices"][0]["finish_reason"] == "stop" and held["usage"]["completion_tokens"] == 4  # 3 + the EOS
+    content = held["choices"][0]["logprobs"]["content"]  # one logprob per token, the EOS's too (as vLLM)
+    assert len(content) == 4 and content[-1]["token"] == engine.tokenizer.convert_ids_to_tokens(eos)
     ignored = post(client, CHAT, base | {"ignore_eos": True})
     assert ignored["choices"][0]["finish_reason"] == "length" and ignored["usage"]["completion_tokens"] == 8
     free = post(client, COMPLETIONS, {"prompt": "hello", "max_tokens": 8, "temperature": 0, "logprobs": 0})
@@ -176,3 +179,93 @@ def test_stop_strings_wait_for_min_tokens(client):
     after = post(client, COMPLETIONS, body | {"stop": stop, "min_tokens": 1})["choices"][0]
     at = text.find(stop, len(tokens[0]) - len(stop) + 1)  # a stop must end past the first token's text
     assert after["text"] == (text[:at] if at >= 0 else text)
+
+
+def prompt_ids(engine, text: str) -> list[int]:
+    return engine.tokenizer(text).input_ids
+
+
+def test_echo_with_logprobs_covers_the_prompt_then_the_completion(client, engine):
+    """OpenAI's legacy format, as vLLM fills it: the prompt's tokens first (the first one's logprob and
+    alternatives null), then the completion's; the same whole and streamed; the prompt's logprobs
+    those of prompt_logprobs."""
+    prompt = "The capital of France is"
+    ids = prompt_ids(engine, prompt)
+    body = {"prompt": prompt, "max_tokens": 4, "temperature": 0, "echo": True, "logprobs": 2}
+    reply = post(client, COMPLETIONS, body)
+    plain = post(client, COMPLETIONS, {"prompt": prompt, "max_tokens": 4, "temperature": 0, "logprobs": 2})
+    choice, generated = reply["choices"][0], plain["choices"][0]["logprobs"]
+    lp = choice["logprobs"]
+    assert choice["text"] == prompt + plain["choices"][0]["text"]
+    assert len(lp["tokens"]) == len(ids) + 4 and lp["tokens"][len(ids):] == generated["tokens"]
+    assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+    # teacher-forced KV comes from decode steps, a plain prompt's from the prefill: float32 rounding apart
+    assert lp["token_logprobs"][len(ids):] == pytest.approx(generated["token_logprobs"], abs=1e-4)
+    assert all(len(top) == 2 for top in lp["top_logprobs"][1:])
+    assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
+    vllm = post(client, COMPLETIONS, {"prompt": prompt, "max_tokens": 4, "temperature": 0, "prompt_logprobs": 2})
+    rows = vllm["choices"][0]["prompt_logprobs"]
+    assert rows[0] is None and len(rows) == len(ids)
+    assert [row[str(t)]["logprob"] for row, t in zip(rows[1:], ids[1:])] == lp["token_logprobs"][1:len(ids)]
+    chunks = events(client, COMPLETIONS, body)
+    streamed = {k: [v for c in chunks for v in (c["choices"][0]["logprobs"] or {}).get(k, [])] for k in lp}
+    assert streamed == lp and streamed_texts(chunks, 1) == [choice["text"]]
+    assert chunks[0]["choices"][0]["text"] == prompt  # the echo comes first, with the prompt's logprobs
+
+
+def test_prompt_logprobs_as_vllm_returns_them_for_completions_and_chat(client, engine):
+    ids = prompt_ids(engine, "hello world, hello")
+    reply = post(client, COMPLETIONS, {"prompt": ids, "max_tokens": 4, "temperature": 0, "prompt_logprobs": 3, "n": 2})
+    # n > 1: each choice is fed the prompt itself (no prefill to share), and says what a plain request says
+    assert texts(reply) == texts(post(client, COMPLETIONS, {"prompt": ids, "max_tokens": 4, "temperature": 0})) * 2
+    rows = [c["prompt_logprobs"] for c in reply["choices"]]
+    assert rows[0] == rows[1] and rows[0][0] is None and len(rows[0]) == len(ids)
+    for row, token in zip(rows[0][1:], ids[1:]):
+        first, *top = row.items()  # the prompt's token first, then the likeliest (those not it)
+        assert first[0] == str(token) and first[1]["rank"] >= 1 and first[1]["logprob"] <= 0
+        best = sorted(row.values(), key=lambda v: v["rank"])
+        assert [v["rank"] for v in best][:3] == [1, 2, 3] and len(row) in (3, 4)
+        assert [v["logprob"] for v in best] == sorted((v["logprob"] for v in best), reverse=True)
+        assert first[1]["decoded_token"] == engine.tokenizer.decode([token])
+    chat = post(client, CHAT, {"messages": HI, "max_tokens": 2, "temperature": 0, "prompt_logprobs": 0})
+    assert "prompt_logprobs" not in chat["choices"][0] and chat["prompt_logprobs"][0] is None
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    assert all(len(row) == 1 for row in chat["prompt_logprobs"][1:])
+    assert "prompt_logprobs" not in post(client, CHAT, {"messages": HI, "max_tokens": 2})  # not asked: not there
+    for path, body in ((CHAT, {"messages": HI}), (COMPLETIONS, {"prompt": "hi"})):
+        resp = client.post(path, json={"model": MODEL, "stream": True, "prompt_logprobs": 1} | body)
+        assert resp.status_code == 400 and resp.get_json()["error"]["param"] == "prompt_logprobs"
+
+
+def test_lm_eval_harness_loglikelihood_request(client, engine):
+    """The request lm-evaluation-harness's local-completions sends for loglikelihood (a batch of one
+    token-id prompt, echo, logprobs 1, max_tokens 1, greedy) and how it reads the answer: the
+    continuation's logprobs are token_logprobs[ctxlen:-1]; greedy if each is its top_logprobs' best."""
+    context, continuation = prompt_ids(engine, "The capital of France"), prompt_ids(engine, " is Paris")[1:]
+    tokens = context + continuation
+    reply = post(client, COMPLETIONS, {"prompt": [tokens], "temperature": 0, "max_tokens": 1, "logprobs": 1,
+                                       "seed": 1234, "echo": True})
+    [choice] = reply["choices"]
+    lp = choice["logprobs"]
+    assert len(lp["token_logprobs"]) == len(tokens) + 1
+    ctxlen = len(context)
+    logprob = sum(lp["token_logprobs"][ctxlen:-1])
+    is_greedy = all(t == max(top.values()) for t, top in zip(lp["token_logprobs"][ctxlen:-1], lp["top_logprobs"][ctxlen:-1]))
+    rows = post(client, COMPLETIONS, {"prompt": tokens, "max_tokens": 1, "prompt_logprobs": 0})["choices"][0]["prompt_logprobs"]
+    assert logprob == pytest.approx(sum(rows[i][str(tokens[i])]["logprob"] for i in range(ctxlen, len(tokens))))
+    assert is_greedy == all(rows[i][str(tokens[i])]["rank"] == 1 for i in range(ctxlen, len(tokens)))
+    assert logprob < 0
+
+
+def test_echo_logprobs_through_the_openai_client(engine):
+    oai = openai_client(engine)
+    prompt = "Inferentia2 has two NeuronCores"
+    n_prompt = len(prompt_ids(engine, prompt))
+    whole = oai.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=3, temperature=0)
+    lp = whole.choices[0].logprobs
+    assert whole.choices[0].text.startswith(prompt) and len(lp.tokens) == n_prompt + 3 == len(lp.token_logprobs)
+    assert lp.token_logprobs[0] is None and all(x <= 0 for x in lp.token_logprobs[1:])
+    parts = list(oai.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=3, temperature=0,
+                                        stream=True))
+    assert "".join(p.choices[0].text for p in parts) == whole.choices[0].text
+    assert [t for p in parts if p.choices[0].logprobs for t in p.choices[0].logprobs.token_logprobs] == lp.token_logprobs

@@ -7,6 +7,9 @@ import json
 
 import pytest
 
+import httpx2
+import openai
+
 from runtime.app import create_app
 from runtime.engine import State
 from runtime.settings import Settings
@@ -36,6 +39,13 @@ def settings(engine):
 @pytest.fixture(scope="module")
 def client(settings, engine):
     return create_app(settings, engine).test_client()
+
+
+def openai_client(engine) -> openai.OpenAI:
+    """The official client, on the app in process (WSGI), as it would talk to the server."""
+    app = create_app(engine.settings, engine)
+    return openai.OpenAI(base_url="http://app.test/v1", api_key="unused", max_retries=0,
+                         http_client=httpx2.Client(transport=httpx2.WSGITransport(app=app)))
 
 
 def sse_events(data: bytes) -> list:

@@ -14,8 +14,9 @@ from .errors import Gemma4Error
 from .files import read_parsed
 from .typed import Frozen
 
-ARTIFACT_FORMAT = 4  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill;
-# 4: a self-digest, golden steps with the reference's best logits
+ARTIFACT_FORMAT = 5  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill;
+# 4: a self-digest, golden steps with the reference's best logits; 5: key buckets for prefill too
+# (graphs prefill_<C>_<T>; geometry.key_buckets, was decode_buckets)
 HOST_TABLES = "host/tables.safetensors"
 
 
@@ -47,14 +48,22 @@ class Geometry(Frozen):
     batch: int
     buckets: tuple[int, ...]
     ring: int  # positions a sliding layer's cache keeps (a ring over the window plus a chunk)
-    decode_buckets: tuple[int, ...]  # KV lengths of the decode graphs, the last = kv_max
+    key_buckets: tuple[int, ...]  # cache lengths the graphs attend over (decode and prefill), the last = kv_max
     tp: int
     prefill: Literal["device", "host"]  # where a prompt runs (host: a CPU graph of the whole model)
     inputs: dict[str, tuple[str, ...]]  # graph -> input names, in call order
 
     @property
     def kv_max(self) -> int:
-        return self.decode_buckets[-1]
+        return self.key_buckets[-1]
+
+    def prefill_keys(self, bucket: int) -> tuple[int, ...]:
+        """The key buckets a prefill chunk of `bucket` tokens has a graph for (see prefill_graphs)."""
+        return prefill_keys(bucket, self.key_buckets)
+
+    def keys_for_chunk(self, bucket: int, end: int) -> int:
+        """The smallest key bucket that holds a chunk of `bucket` whose real tokens end before `end`."""
+        return next(t for t in self.prefill_keys(bucket) if end <= t)
 
     def span(self, kind: str) -> int:
         """Cache positions a layer of this attention kind keeps."""
@@ -64,6 +73,19 @@ class Geometry(Frozen):
     def kv_shapes(self) -> list[tuple[int, int, int, int]]:
         """Per rank, K then V per cache: (B, KVH, S, D), S = kv_max for a global layer, the ring for a sliding one."""
         return [(self.batch, heads, self.span(kind), dim) for (heads, dim), kind in zip(self.kv_heads, self.kv_kinds)]
+
+
+def prefill_keys(bucket: int, key_buckets: tuple[int, ...]) -> tuple[int, ...]:
+    """A chunk of n tokens padded to C = `bucket`, at positions p .. p+n-1, runs in the smallest key
+    bucket T with T >= C and p + n <= T (padding rows write nothing), so its cost and mask rows follow
+    the prompt, not kv_max. A chunk bucket has graphs for every T >= C; the last, kv_max, holds any
+    chunk (buckets are smaller than kv_max)."""
+    return tuple(t for t in key_buckets if t >= bucket)
+
+
+def prefill_graphs(buckets: tuple[int, ...], key_buckets: tuple[int, ...]) -> tuple[str, ...]:
+    """Every prefill graph's name, prefill_<C>_<T>: a chunk bucket and a key bucket that holds it."""
+    return tuple(f"prefill_{c}_{t}" for c in buckets for t in prefill_keys(c, key_buckets))
 
 
 class GoldenStep(Frozen):
@@ -89,7 +111,7 @@ class ArtifactMeta(Frozen):
     manifest: dict
     versions: dict[str, str]
     geometry: Geometry
-    graphs: dict[str, str]  # "prefill_16" / "decode_64" (and "rank{r}/..." under tp) -> relative path
+    graphs: dict[str, str]  # "prefill_16_64" / "decode_64" (and "rank{r}/..." under tp) -> relative path
     files: dict[str, str]  # relative path -> sha256
     golden: tuple[Golden, ...]
     eos_token_ids: tuple[int, ...]

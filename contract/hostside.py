@@ -59,7 +59,7 @@ class HostInputs:
         self.row_bits = {}
         for kind, S in self.spans.items():
             strip = self._bits(self._strip(kind, S))  # (2, 4S)
-            widths = {min(t, S) for t in geo.decode_buckets} | {S}
+            widths = {min(t, S) for t in geo.key_buckets} | {S}
             self.row_bits[kind] = {w: np.lib.stride_tricks.sliding_window_view(strip, w, axis=1).transpose(1, 0, 2)
                                    for w in widths}  # (4S-w+1, 2, w)
         self.order = {g: [n for n in geo.inputs[g] if not n.startswith("kv")] for g in ("prefill", "decode")}
@@ -128,9 +128,12 @@ class HostInputs:
         """The graph's inputs in its traced order (each is contiguous: fresh gathers or leading rows)."""
         return tuple(values[n] for n in self.order[graph]) + tuple(kv)
 
-    def prefill(self, ids: list[int], bucket: int, slot: int, kv=(), start: int = 0) -> tuple[torch.Tensor, ...]:
+    def prefill(self, ids: list[int], bucket: int, slot: int, kv=(), start: int = 0, keys: int | None = None
+                ) -> tuple[torch.Tensor, ...]:
         """A chunk of prompt tokens right-padded to `bucket`, at positions start .. start+n-1 of `slot`
-        (whose earlier positions already hold this request's KV); its last token's logits come back."""
+        (whose earlier positions already hold this request's KV), for the prefill graph over the first
+        `keys` cache positions (default: the smallest key bucket that holds the chunk); its last
+        token's logits come back."""
         n = len(ids)
         if not 0 < n <= bucket:
             raise ValueError(f"a chunk of {n} tokens does not fit bucket {bucket}")
@@ -138,10 +141,15 @@ class HostInputs:
             raise ValueError(f"{bucket} is not one of the prefill buckets {self.geo.buckets}")
         if not 0 <= start <= self.geo.kv_max - n:
             raise ValueError(f"a chunk of {n} tokens at position {start} does not fit kv_max={self.geo.kv_max}")
+        T = keys or self.geo.keys_for_chunk(bucket, start + n)
+        if T not in self.geo.prefill_keys(bucket) or start + n > T:
+            raise ValueError(f"a chunk of {n} tokens in bucket {bucket} at position {start} has no prefill graph "
+                             f"over {T} keys; it runs over one of {self.geo.prefill_keys(bucket)} holding "
+                             f"position {start + n - 1}")
         positions = [start + i for i in range(n)] + [None] * (bucket - n)
         h, ple = self.embed([list(ids) + [0] * (bucket - n)])  # ids (1, C)
         rope = self._gather(self.rope_bits, [[p or 0 for p in positions]])  # (1, C, 2D per kind)
-        values = {"hidden": h, "ple": ple, "rope": rope, **self._rows(positions, self.geo.kv_max)}
+        values = {"hidden": h, "ple": ple, "rope": rope, **self._rows(positions, T)}  # rows_<kind> (C, 2, T)
         values["last"] = torch.nn.functional.one_hot(torch.tensor([n - 1]), bucket).to(self.dtype)  # (1, C)
         values["slot"] = torch.nn.functional.one_hot(torch.tensor(slot), self.geo.batch).to(self.dtype)  # (B,)
         return self._assemble("prefill", values, kv)
@@ -152,8 +160,8 @@ class HostInputs:
         all); `None` marks an idle slot (it sees no key and writes nothing; its output is never
         read). Four gathers in all: words, PLE, rope rows, mask-and-write rows; nothing else."""
         T = keys or self.geo.kv_max
-        if T not in self.geo.decode_buckets:
-            raise ValueError(f"{T} is not one of the decode buckets {self.geo.decode_buckets}")
+        if T not in self.geo.key_buckets:
+            raise ValueError(f"{T} is not one of the key buckets {self.geo.key_buckets}")
         h, ple = self.embed([[t or 0] for t in tokens])  # ids (B, 1)
         at = [p if t is not None else None for t, p in zip(tokens, positions)]
         pos = [[p or 0] for p in at]  # (B, 1)

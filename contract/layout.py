@@ -3,8 +3,8 @@ it is saved in, and each device graph's input signature. The build compiles it
 (gemma4_port/neuron.py), the capacity plan budgets it, and the server loads it
 (runtime/model/neuron.py): one definition for the three.
 
-Every variant is one ModelBuilder model: a `prefill` key (a bucket per prompt length) and a `decode`
-key (a bucket per KV length) that share one copy of the weights per core and the KV as aliased
+Every variant is one ModelBuilder model: a `prefill` key (a bucket per chunk length and key length
+that holds it, prefill_<C>_<T>) and a `decode` key (a bucket per key length) that share one copy of the weights per core and the KV as aliased
 state. With `prefill: host` the model is the decode key alone; the prompt runs through a CPU
 prefill of the whole model whose KV the host writes into the state, split per rank as HOST_KV says.
 """
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .artifact import ArtifactError, Geometry
+from .artifact import ArtifactError, Geometry, prefill_graphs
 from .dtypes import DTYPES
 
 HOST_KV = "graphs/host_kv.json"  # {"kv_heads": [[[start, count] per rank] per KV tensor]}
@@ -28,7 +28,7 @@ KV_STATE = "kv.{index}"  # the model's state key of KV tensor `index`: its name 
 @dataclass(frozen=True)
 class NeuronLayout:
     tp: int
-    device_graphs: tuple[str, ...]  # "prefill_<bucket>" ... "decode_<keys>" ...: what runs on the NeuronCores
+    device_graphs: tuple[str, ...]  # "prefill_<bucket>_<keys>" ... "decode_<keys>" ...: what runs on the NeuronCores
     host_prefill: bool
 
     @property
@@ -47,20 +47,27 @@ class NeuronLayout:
         return len(self.device_graphs)
 
 
-def neuron_layout(tp: int, prefill: str, buckets: tuple[int, ...], decode_buckets: tuple[int, ...]) -> NeuronLayout:
+def neuron_layout(tp: int, prefill: str, buckets: tuple[int, ...], key_buckets: tuple[int, ...]) -> NeuronLayout:
     host = prefill == "host"
-    graphs = (() if host else tuple(f"prefill_{b}" for b in buckets)) + tuple(f"decode_{t}" for t in decode_buckets)
+    graphs = (() if host else prefill_graphs(buckets, key_buckets)) + tuple(f"decode_{t}" for t in key_buckets)
     return NeuronLayout(tp, graphs, host)
 
 
-def signature(geo: Geometry, graph: str, bucket: int) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-    """Name, shape and dtype of each non-KV input of a graph (a prefill of `bucket` positions, a decode
-    over `bucket` keys), from the geometry alone: what the host builds, what the neff was compiled
-    for, and what ModelBuilder routes a call by."""
-    B, S = geo.batch, bucket if graph == "prefill" else 1
+def parse_graph(name: str) -> tuple[str, int, int]:
+    """"prefill_128_2048" -> ("prefill", 128, 2048): a chunk of 128 over 2,048 keys; "decode_2048" ->
+    ("decode", 1, 2048): one token per slot over 2,048 keys."""
+    graph, *sizes = name.split("_")
+    return (graph, *map(int, sizes)) if graph == "prefill" else (graph, 1, int(sizes[0]))
+
+
+def signature(geo: Geometry, name: str) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """Name, shape and dtype of each non-KV input of a graph by its name (prefill_<C>_<T>, decode_<T>),
+    from the geometry alone: what the host builds, what the neff was compiled for, and what
+    ModelBuilder routes a call by (the rows' widths tell the key buckets apart)."""
+    graph, S, keys = parse_graph(name)
+    B = geo.batch
     rows = 1 if graph == "prefill" else B
     queries = S if graph == "prefill" else B  # a mask-and-write row per chunk token, or per slot
-    keys = geo.kv_max if graph == "prefill" else bucket
     shapes = {"hidden": (rows, S, geo.hidden), "ple": (rows, S, geo.num_layers, geo.ple_dim),
               "rope": (rows, S, sum(2 * r.head_dim for r in geo.rope.values())), "last": (1, S), "slot": (B,)}
     shapes |= {f"rows_{kind}": (queries, 2, min(keys, geo.span(kind))) for kind in geo.kinds}

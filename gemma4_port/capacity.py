@@ -2,8 +2,10 @@
 
 Bytes are counted from the real device module, each rank's Gemma4Decoder built from the sharding
 plan on the meta device, not from marketing parameter counts ("E2B" keeps 2.3B parameters on the
-device, "E4B" 4.6B). Every variant is one NxD ModelBuilder model (runtime/neuron_backend.py): a core
-holds one copy of its rank's weights, shared by every prefill and decode bucket, and its KV state.
+device, "E4B" 4.6B). Every variant is one NxD ModelBuilder model (runtime/model/neuron.py): a core
+holds one copy of its rank's weights, shared by every prefill and decode bucket, its KV state, and
+the working set of the largest graph, a prefill chunk over kv_max keys (its float32 attention
+scores and its mask-and-write rows).
 Host RAM: the slim server keeps the word and PLE tables (and the whole model's prefill when the
 prefill runs on the host); the one-time load reads every rank's weight file through host memory;
 the compile is an estimate (see COMPILER_RAM_PER_WEIGHT).
@@ -26,7 +28,7 @@ from . import terminal
 from .configs import text_config_for
 from .lint import SBUF_PARTITION_BYTES
 from .manifest import Manifest, Variant, load_manifest
-from .model import Gemma4Decoder, kv_shapes, ring_size
+from .model import Gemma4Decoder, kinds_present, kv_shapes, ring_size
 from .sharding import ShardingError, shard_model, shard_table
 
 GIB = 2**30
@@ -74,9 +76,27 @@ class ModelSizes:
     def ring(self, variant: Variant) -> int:
         return ring_size(self.shard(1, 0).sliding_window, variant.kv_max, variant.buckets)
 
+    def transient(self, tp: int, rank: int, variant: Variant) -> tuple[int, int]:
+        """Elements of the largest graph's working set: (float32 attention scores, input rows at the
+        variant dtype). The largest graph is the prefill of the largest chunk bucket C over kv_max keys
+        (with host prefill: decode over kv_max, B queries). One layer's scores are alive at a time:
+        the largest, q heads x C x T_kind (T_kind = kv_max, or the ring for a sliding layer); the rows
+        input is C x 2 (mask, write) x T_kind per attention kind."""
+        queries = variant.batch if variant.prefill == "host" else variant.buckets[-1]
+        ring = self.ring(variant)
+        width = {kind: ring if kind == "sliding" else variant.kv_max for kind in kinds_present(self.shard(tp, rank))}
+        scores = max(s.q_heads * queries * width[s.kind] for s in self.shard(tp, rank).layers)
+        return scores, sum(queries * 2 * w for w in width.values())
+
     def host_tables(self) -> int:
         m = self.shard(1, 0)
         return m.vocab * m.hidden + m.ple_vocab * m.num_layers * m.ple_dim
+
+    def host_rope(self, kv_max: int) -> int:
+        """The host's rotary rows, made at load: cos and sin of every position per attention kind
+        (contract/hostside.py HostInputs.rope_rows); the mask strips beside them are 8 x ring or kv_max."""
+        dims = {s.kind: s.head_dim for s in self.shard(1, 0).layers}
+        return kv_max * 2 * sum(dims.values())
 
 
 @dataclass(frozen=True)
@@ -87,12 +107,19 @@ class Footprint:
     layout: NeuronLayout
     rank_weights: int  # one copy of one rank's device weights (the largest rank), at the variant dtype
     rank_kv: int  # one rank's KV buffers for batch x kv_max
+    rank_scores: int  # the largest graph's float32 attention scores, one layer's (see ModelSizes.transient)
+    rank_rows: int  # and its mask-and-write rows input, every kind's
     host_tables: int  # word embedding + PLE tables at the variant dtype: the slim server's load
+    host_rope: int  # and the rotary rows of every position up to kv_max
     whole_weights: int  # the whole decoder at the variant dtype: the compile holds it, a host prefill runs it
 
     @property
+    def rank_transient(self) -> int:
+        return self.rank_scores + self.rank_rows
+
+    @property
     def per_core(self) -> int:
-        return self.rank_weights + self.rank_kv
+        return self.rank_weights + self.rank_kv + self.rank_transient
 
     @property
     def host_prefill(self) -> int:
@@ -101,7 +128,7 @@ class Footprint:
 
     @property
     def serve(self) -> int:
-        return PROCESS_BYTES + self.host_tables + self.host_prefill
+        return PROCESS_BYTES + self.host_tables + self.host_rope + self.host_prefill
 
     @property
     def load_peak(self) -> int:
@@ -121,11 +148,14 @@ class Footprint:
 def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
     size = DTYPES[variant.dtype].itemsize
     ranks = range(variant.tp)
+    scores, rows = max(sizes.transient(variant.tp, r, variant) for r in ranks)
     return Footprint(
         variant=variant, layout=neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets),
         rank_weights=size * max(sizes.weights(variant.tp, r) for r in ranks),
         rank_kv=size * max(sizes.kv(variant.tp, r, variant.batch, variant.kv_max, sizes.ring(variant)) for r in ranks),
-        host_tables=size * sizes.host_tables(), whole_weights=size * sizes.weights(1, 0),
+        rank_scores=4 * scores, rank_rows=size * rows,
+        host_tables=size * sizes.host_tables(), host_rope=size * sizes.host_rope(variant.kv_max),
+        whole_weights=size * sizes.weights(1, 0),
     )
 
 
@@ -147,30 +177,41 @@ def compile_swap_gib(manifest: Manifest, variant: Variant, host_gib: int = BUILD
     return swap_gib(footprint(ModelSizes(text_config_for(manifest)), variant).compile_peak, host_gib)
 
 
+def at_kv_max(sizes: ModelSizes, variant: Variant, kv_max: int) -> Footprint:
+    return footprint(sizes, variant.model_copy(update={"kv_max": kv_max, "key_buckets": ()}))
+
+
 def largest_kv_max(sizes: ModelSizes, fp: Footprint) -> int | None:
-    """The largest kv_max (a multiple of 128 above the largest bucket) whose KV fits next to the weights."""
+    """The largest kv_max (a multiple of 128 above the largest bucket) whose KV and largest graph's
+    working set fit next to the weights: both grow with kv_max, so a bisection finds it."""
     v = fp.variant
-    size = DTYPES[v.dtype].itemsize
-    ring = sizes.shard(1, 0).sliding_window + v.buckets[-1]  # the ring once kv_max is past it
-    # The sliding rings are a fixed cost; each further position costs one row of every global cache.
-    fixed = size * max(sizes.kv(v.tp, r, v.batch, 0, ring) for r in range(v.tp))
-    per_token = size * max(sizes.kv(v.tp, r, v.batch, 1, ring) for r in range(v.tp)) - fixed
-    room = CORE_GIB * GIB - fp.rank_weights - fixed
-    kv_max = (room // per_token) // 128 * 128 if room > 0 else 0
-    return kv_max if kv_max > fp.variant.buckets[-1] else None
+    low, high = 0, 128
+    while at_kv_max(sizes, v, high).fits_core:
+        low, high = high, 2 * high
+    while high - low > 128:  # at_kv_max(low) fits (or low is below every kv_max), at_kv_max(high) does not
+        mid = (low + high) // 256 * 128
+        low, high = (mid, high) if at_kv_max(sizes, v, mid).fits_core else (low, mid)
+    return low if low > v.buckets[-1] else None
 
 
 # A softmax row over every key of a global cache, in float32, must fit one SBUF partition (the lint's rule).
 SOFTMAX_KEYS = SBUF_PARTITION_BYTES // 4
 
 
-def kv_max_limit(sizes: ModelSizes, fp: Footprint) -> str:
-    """The largest kv_max this variant can take, and what bounds it: the core's memory (the KV beside
-    the weights) or the lint (a float32 softmax row over kv_max keys in one SBUF partition)."""
+def kv_max_bound(sizes: ModelSizes, fp: Footprint) -> tuple[int, str] | None:
+    """The largest kv_max this variant can take, and what bounds it: the core's memory (HBM: the KV and
+    the largest graph's working set beside the weights), the lint (SBUF: a float32 softmax row over
+    kv_max keys in one SBUF partition), or the model's own context (max_position_embeddings)."""
     memory = largest_kv_max(sizes, fp)
     if memory is None:
-        return "-"
-    return f"{SOFTMAX_KEYS} SBUF" if SOFTMAX_KEYS <= memory else f"{memory} HBM"
+        return None
+    bounds = [(memory, "HBM"), (SOFTMAX_KEYS, "SBUF"), (sizes.config.max_position_embeddings, "context")]
+    return min(bounds, key=lambda b: b[0])
+
+
+def kv_max_limit(sizes: ModelSizes, fp: Footprint) -> str:
+    bound = kv_max_bound(sizes, fp)
+    return f"{bound[0]} {bound[1]}" if bound else "-"
 
 
 def fixes(sizes: ModelSizes, fp: Footprint) -> list[str]:
@@ -195,7 +236,7 @@ def fixes(sizes: ModelSizes, fp: Footprint) -> list[str]:
             out.append(f"{text} -> {gib(other.per_core)} GiB per core")
     kv_max = largest_kv_max(sizes, fp)
     if kv_max:
-        buckets = f", decode_buckets ending at {kv_max}" if v.decode_buckets else ""
+        buckets = f", key_buckets ending at {kv_max}" if v.key_buckets else ""
         out.append(f"kv_max: {kv_max} (or less{buckets}) -> the KV fits beside the weights")
     return out
 
@@ -214,13 +255,13 @@ def describe(layout: NeuronLayout) -> str:
 
 def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> None:
     core = Table(title=f"{manifest.name}: per NeuronCore ({CORE_GIB} GiB), GiB")
-    for col in ("variant", "tp", "dtype", "batch x kv_max", "ring", "graphs", "weights", "KV",
+    for col in ("variant", "tp", "dtype", "batch x kv_max", "ring", "graphs", "weights", "KV", "chunk",
                 "kv_max up to", "per core", "fits"):
         core.add_column(col)
     for fp in fps:
         v = fp.variant
         core.add_row(v.name, str(v.tp), SHORT[v.dtype], f"{v.batch} x {v.kv_max}", str(sizes.ring(v)),
-                     describe(fp.layout), gib(fp.rank_weights), gib(fp.rank_kv),
+                     describe(fp.layout), gib(fp.rank_weights), gib(fp.rank_kv), gib(fp.rank_transient),
                      kv_max_limit(sizes, fp), f"{gib(fp.per_core)} ({100 * fp.per_core / (CORE_GIB * GIB):.0f}%)",
                      "yes" if fp.fits_core else "[bold red]NO[/]")
     console.print(core)
@@ -244,14 +285,19 @@ def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Fo
         "Counted on a core: every parameter and buffer of the rank's device graph (Gemma4Decoder of the "
         "sharding plan, built on the meta device): the decoder layers, lm_head (the tied embedding, copied "
         f"to the device), the PLE projection; plus the KV buffers: kv_max positions for a global layer, a ring "
-        "of the window plus the largest bucket for a sliding one. kv_max up to: what the core's memory "
-        f"holds beside the weights (HBM), or the lint's bound of {SOFTMAX_KEYS} keys (a float32 softmax row in "
-        f"one SBUF partition), whichever is smaller. The whole model is {whole / 1e9:.2f}B "
+        "of the window plus the largest bucket for a sliding one; plus chunk, the largest graph's working set: "
+        "the float32 attention scores of one layer (query heads x the largest bucket x kv_max keys, the ring's "
+        "for a sliding layer) and its mask-and-write rows (largest bucket x 2 x keys per attention kind; with "
+        "host prefill, decode's: batch queries). kv_max up to: the smallest of what the core's memory holds "
+        f"beside the weights (HBM), the lint's bound of {SOFTMAX_KEYS} keys (a float32 softmax row in one SBUF "
+        "partition) and the model's context (max_position_embeddings). The whole model is "
+        f"{whole / 1e9:.2f}B "
         f"elements = {gib(4 * whole)} GiB fp32, {gib(2 * whole)} GiB bf16; at tp 2 a core holds more than "
         f"half, as lm_head ({gib(2 * lm_head)} GiB bf16), norms and replicated K/V sit on both cores. Not "
-        "counted: activations, neff instructions, runtime scratch (keep headroom).\n"
+        "counted: other activations (the chunk's hidden states, the probabilities the compiler may keep "
+        "beside the scores), neff instructions, runtime scratch (keep headroom).\n"
         f"Host: serve = process ({gib(PROCESS_BYTES)}) + word and PLE tables ({sizes.host_tables() / 1e9:.2f}B "
-        "elements) + the host prefill (the whole model, once); first load = serve + every rank's weight "
+        "elements) + the rotary rows of every position up to kv_max + the host prefill (the whole model, once); first load = serve + every rank's weight "
         f"file on its way to the cores (a swap file covers it); compile = an estimate calibrated on the seed's "
         f"12B TP=2 build; build swap = what it needs on {BUILD_HOST.name} ({BUILD_HOST.host_gib} GiB)."
     )

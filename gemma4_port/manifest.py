@@ -75,15 +75,17 @@ class Variant(Frozen):
     batch: int = Field(1, ge=1, le=64)
     buckets: tuple[int, ...] = Field(min_length=1)
     kv_max: int = Field(ge=2)
-    decode_buckets: tuple[int, ...] = Field((), description="KV lengths a decode graph attends over; default (kv_max,)")
+    key_buckets: tuple[int, ...] = Field((), description="cache lengths the decode and prefill graphs attend over; "
+                                         "default (kv_max,)")
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     prefill: Literal["device", "host"] = "device"
 
     @property
     def kv_buckets(self) -> tuple[int, ...]:
-        """One decode graph per entry: a step runs the smallest that holds every busy slot's position,
-        so a short context neither attends over nor rewrites the whole cache."""
-        return self.decode_buckets or (self.kv_max,)
+        """One decode graph per entry, and one prefill graph per entry and chunk bucket it holds: a step
+        or a chunk runs the smallest that holds its positions, so a short context neither attends
+        over, nor rewrites, nor ships mask rows for the whole cache."""
+        return self.key_buckets or (self.kv_max,)
 
     @model_validator(mode="after")
     def _buckets_fit(self) -> Variant:
@@ -94,9 +96,9 @@ class Variant(Frozen):
                 f"the largest bucket ({self.buckets[-1]}) must be smaller than kv_max ({self.kv_max}) "
                 "so that at least one token can be generated"
             )
-        kv = list(self.decode_buckets)
+        kv = list(self.key_buckets)
         if kv and (kv != sorted(set(kv)) or kv[0] < 1 or kv[-1] != self.kv_max):
-            raise ValueError(f"decode_buckets must be positive, strictly increasing and end at kv_max "
+            raise ValueError(f"key_buckets must be positive, strictly increasing and end at kv_max "
                              f"({self.kv_max}), got {kv}")
         return self
 

@@ -8,7 +8,7 @@ embeddings are looked up on the host; explicit tanh-GELU and matmul attention; r
 softcap is monotonic, so argmax is unchanged; the host applies it to sample).
 
 Shapes: B batch slots, C prompt chunk bucket, S a kind's cache positions (T: the leading ones a
-decode bucket reads), H hidden, L layers, P PLE width, V vocab, Hq/KVH this rank's query/KV heads,
+key bucket reads, in prefill and decode), H hidden, L layers, P PLE width, V vocab, Hq/KVH this rank's query/KV heads,
 D head_dim.
 """
 
@@ -238,26 +238,29 @@ class Gemma4Decoder(nn.Module):
 
     def prefill(self, h, ple, rope, rows, last, slot, kv):
         """A chunk of C prompt tokens at positions p .. p+C-1 of one slot whose positions before p
-        already hold this request's KV (an earlier chunk, or a reused prefix).
+        already hold this request's KV (an earlier chunk, or a reused prefix). A prefill graph of T
+        keys (T >= C, and every real token's position below T): a global cache is read and rewritten only in its first T positions, a
+        sliding ring in its first min(T, ring), as in decode, so a short prompt's chunk costs T keys.
 
         The chunk's K/V go into the slot's cache first, each token at the position its one-hot write
         row names (padding rows write nothing), then every token attends to the cache through its mask
         row: causal within the chunk, the slot's earlier keys (sliding: the last `window`), and never a
         position past its own, so whatever an earlier request left there is never read.
         h (1, C, H); ple (1, C, L, P) or None; rope {kind: (cos, sin) (1, C, D)};
-        rows {kind: (C, 2, S)}: per token an additive mask row, then its one-hot write row;
+        rows {kind: (C, 2, T_kind)}: per token an additive mask row, then its one-hot write row;
         last (1, C) one-hot of the token whose logits are returned; slot (B,) one-hot;
         kv: 2 tensors per cache (B, KVH, S, D). Returns raw logits (1, V) and the new KV tensors.
         """
         if self.shard.ple_dim:
             ple = self.project_ple(h, ple)
         B = slot.shape[0]
-        masks = {k: r[:, 0].unsqueeze(0).unsqueeze(0) for k, r in rows.items()}  # (1, 1, C, S)
-        puts = {k: r[:, 1].transpose(0, 1) for k, r in rows.items()}  # (S, C): position <- chunk token
-        hits = {k: r[:, 1].sum(0).view(1, 1, -1, 1) > 0 for k, r in rows.items()}  # (1, 1, S, 1)
+        masks = {k: r[:, 0].unsqueeze(0).unsqueeze(0) for k, r in rows.items()}  # (1, 1, C, T)
+        puts = {k: r[:, 1].transpose(0, 1) for k, r in rows.items()}  # (T, C): position <- chunk token
+        hits = {k: r[:, 1].sum(0).view(1, 1, -1, 1) > 0 for k, r in rows.items()}  # (1, 1, T, 1)
         pick_slot = slot.view(1, B).to(kv[0].dtype)  # (1, B)
+        read = self.leading(kv, rows)  # (B, KVH, T, D)
         # The slot's own buffers, selected by a one-hot product (exact: one 1.0 term, the rest 0.0).
-        mine = [torch.matmul(pick_slot, t.reshape(B, -1)).view(1, *t.shape[1:]) for t in kv]  # (1, KVH, S, D)
+        mine = [torch.matmul(pick_slot, t.reshape(B, -1)).view(1, *t.shape[1:]) for t in read]  # (1, KVH, T, D)
         for layer in self.layers:
             s = layer.shard
             if s.index == self.shard.first_shared:
@@ -280,8 +283,8 @@ class Gemma4Decoder(nn.Module):
         if self.shard.first_shared == self.shard.num_layers:
             h = torch.matmul(last.unsqueeze(1), h)  # (1, 1, H)
         sel = slot.view(B, 1, 1, 1) > 0  # (B, 1, 1, 1)
-        new_kv = [write_one_hot(old, new, sel) for old, new in zip(kv, mine)]
-        return self.logits(h[:, 0]), new_kv
+        new_kv = [write_one_hot(old, new, sel) for old, new in zip(read, mine)]  # (B, KVH, T, D)
+        return self.logits(h[:, 0]), self.with_tail(new_kv, kv)
 
     def decode(self, h, ple, rope, rows, kv):
         """One token for every slot. A decode bucket of T keys: every busy slot's position is below T,
@@ -297,7 +300,7 @@ class Gemma4Decoder(nn.Module):
         B = h.shape[0]
         masks = {k: r[:, 0].view(B, 1, 1, -1) for k, r in rows.items()}  # (B, 1, 1, T)
         writes = {k: r[:, 1].view(B, 1, -1, 1) for k, r in rows.items()}  # (B, 1, T, 1)
-        read = [t[:, :, :rows[kind].shape[-1]] for kind, t in zip(kv_kinds(self.shard), kv)]  # (B, KVH, T, D)
+        read = self.leading(kv, rows)  # (B, KVH, T, D)
         for layer in self.layers:
             s = layer.shard
             cos, sin = rope[s.kind]
@@ -309,10 +312,17 @@ class Gemma4Decoder(nn.Module):
                 read[2 * s.cache + 1] = write_one_hot(read[2 * s.cache + 1], v, writes[s.kind])
             a = layer.self_attn.attend(q, read[2 * s.cache], read[2 * s.cache + 1], masks[s.kind])
             h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.shard.ple_dim else None)
-        # The untouched tail goes back as it came: the outputs are whole buffers (aliased on the device).
-        out = [r if r.shape[2] == t.shape[2] else torch.cat((r, t[:, :, r.shape[2]:]), dim=2)  # (B, KVH, S, D)
-               for r, t in zip(read, kv)]
-        return self.logits(h[:, 0]), out
+        return self.logits(h[:, 0]), self.with_tail(read, kv)
+
+    def leading(self, kv, rows) -> list[torch.Tensor]:
+        """The first T_kind positions of every KV tensor, T_kind the width of its kind's rows."""
+        return [t[:, :, :rows[kind].shape[-1]] for kind, t in zip(kv_kinds(self.shard), kv)]  # (B, KVH, T, D)
+
+    @staticmethod
+    def with_tail(read, kv) -> list[torch.Tensor]:
+        """The untouched tail goes back as it came: the outputs are whole buffers (aliased on the device)."""
+        return [r if r.shape[2] == t.shape[2] else torch.cat((r, t[:, :, r.shape[2]:]), dim=2)  # (B, KVH, S, D)
+                for r, t in zip(read, kv)]
 
 
 def ring_size(window: int, kv_max: int, buckets) -> int:

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from contract.artifact import Geometry
+from contract.artifact import Geometry, prefill_graphs
 from contract.dtypes import DTYPES
 from contract.hostside import HostInputs
 from contract.layout import HOST_KV, NXD_MODEL, NeuronLayout, neuron_layout, signature
@@ -63,21 +63,14 @@ class DeviceKV(nn.Module):
         return {p: 1 + i for i, p in enumerate(self.kv)}  # output 0 is the logits
 
 
-def graph_of(name: str) -> tuple[str, int]:
-    """"prefill_128" -> ("prefill", 128); "decode_2048" -> ("decode", 2048): prompt positions or keys."""
-    graph, _, bucket = name.partition("_")
-    return graph, int(bucket)
-
-
 def graph_inputs(host: HostInputs, geo, name: str) -> tuple[torch.Tensor, ...]:
     """A graph's example inputs without the KV tensors, which are state now."""
-    graph, bucket = graph_of(name)
-    return example_inputs(host, geo, graph, bucket)[:len(signature(geo, graph, bucket))]
+    return example_inputs(host, geo, name)[:len(signature(geo, name))]
 
 
 def check_inputs(inputs, geo, name: str) -> None:
     """Refuse example inputs that differ from the graph signature before a long compile."""
-    want = signature(geo, *graph_of(name))
+    want = signature(geo, name)
     bad = [f"{n} is {tuple(t.shape)} {t.dtype}, the signature says {shape} {dtype}"
            for (n, shape, dtype), t in zip(want, inputs) if (tuple(t.shape), t.dtype) != (shape, dtype)]
     if len(inputs) != len(want) or bad:
@@ -291,16 +284,17 @@ def _model_builder(b: _Build, examples: dict[str, list[tuple]]) -> dict[str, str
 
 
 def _host_prefill(b: _Build, whole: Gemma4Decoder, shards: list[ModelShard]) -> dict[str, str]:
-    """CPU TorchScript prefill of the whole model, a method per bucket sharing one copy of the
-    weights, and which KV heads each rank's state takes."""
+    """CPU TorchScript prefill of the whole model, a method per chunk bucket and key bucket that holds
+    it (prefill_<C>_<T>, as on the device) sharing one copy of the weights, and which KV heads each
+    rank's state takes."""
     geo = geometry(b.config, whole.shard, b.variant)
     host = HostInputs(geo, b.host.tables)
     graphs = nn.Module()
     graphs.prefill = PrefillGraph(whole).eval()
-    for bucket in geo.buckets:
-        setattr(graphs, f"prefill_{bucket}", graphs.prefill.forward)  # trace_module traces methods by name
-    traced = trace_quietly(torch.jit.trace_module, graphs, {
-        f"prefill_{bucket}": example_inputs(host, geo, "prefill", bucket) for bucket in geo.buckets})
+    names = prefill_graphs(geo.buckets, geo.key_buckets)
+    for name in names:
+        setattr(graphs, name, graphs.prefill.forward)  # trace_module traces methods by name
+    traced = trace_quietly(torch.jit.trace_module, graphs, {name: example_inputs(host, geo, name) for name in names})
     rel = "graphs/host_prefill.pt"
     torch.jit.save(traced, str(b.out / rel))
     (b.out / HOST_KV).write_text(json.dumps({"kv_heads": kv_head_ranges(shards)}) + "\n")
@@ -329,7 +323,8 @@ class NeuronGraphs:
                    start.out, cache_root() / "neuron-workdir" / f"{manifest.name}-{variant.name}")
         graphs = {}
         if layout.host_prefill:
-            with step(progress, f"the whole model's host prefill, {len(start.geo.buckets)} bucket(s) (CPU)"):
+            with step(progress, f"the whole model's host prefill, "
+                                f"{len(prefill_graphs(start.geo.buckets, start.geo.key_buckets))} graph(s) (CPU)"):
                 whole = empty_decoder(shard_model(start.config), b.dtype)
                 whole.load_weights(start.reader)
                 graphs |= _host_prefill(b, whole, start.shards)

@@ -11,10 +11,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from contract.artifact import Geometry, Rope
+from contract.artifact import Geometry, Rope, prefill_graphs
 from contract.dtypes import DTYPES
 from contract.errors import Gemma4Error
 from contract.hostside import HostInputs, scaled_tables
+from contract.layout import parse_graph
 
 from .checkpoint import CheckpointReader
 from .graphs import DecodeGraph, PrefillGraph, input_names
@@ -56,7 +57,7 @@ def geometry(config, shard: ModelShard, variant: Variant) -> Geometry:
         kv_kinds=kv_kinds(shard), ring=ring,
         embed_scale=math.sqrt(shard.hidden), ple_scale=math.sqrt(shard.ple_dim) if shard.ple_dim else 1.0,
         softcap=config.final_logit_softcapping, dtype=variant.dtype, batch=variant.batch,
-        buckets=variant.buckets, decode_buckets=variant.kv_buckets, tp=variant.tp, prefill=variant.prefill,
+        buckets=variant.buckets, key_buckets=variant.kv_buckets, tp=variant.tp, prefill=variant.prefill,
         inputs={g: tuple(input_names(shard, g)) for g in ("prefill", "decode")},
     )
 
@@ -89,13 +90,19 @@ def host_tables(reader: CheckpointReader, geo: Geometry, rows: int | None = None
     return TableBlobs(scaled_tables(read("embed_tokens.weight"), ple, geo))
 
 
-def example_inputs(host: HostInputs, geo: Geometry, graph: str, bucket: int):
-    """A prefill of `bucket` prompt positions, or a decode over `bucket` keys."""
+def example_inputs(host: HostInputs, geo: Geometry, name: str):
+    """The example inputs of a graph by name: prefill_<C>_<T> (a chunk of C over T keys) or decode_<T>."""
     dtype = DTYPES[geo.dtype]
     kv = tuple(torch.zeros(s, dtype=dtype) for s in geo.kv_shapes)
+    graph, bucket, keys = parse_graph(name)
     if graph == "prefill":
-        return host.prefill([EXAMPLE_TOKEN] * max(1, bucket // 2), bucket, 0, kv)
-    return host.decode([EXAMPLE_TOKEN] * geo.batch, [0] * geo.batch, kv, keys=bucket)
+        return host.prefill([EXAMPLE_TOKEN] * max(1, bucket // 2), bucket, 0, kv, keys=keys)
+    return host.decode([EXAMPLE_TOKEN] * geo.batch, [0] * geo.batch, kv, keys=keys)
+
+
+def graph_names(geo: Geometry) -> tuple[str, ...]:
+    """Every graph of a variant: prefill_<C>_<T> per chunk bucket and key bucket that holds it, decode_<T>."""
+    return prefill_graphs(geo.buckets, geo.key_buckets) + tuple(f"decode_{t}" for t in geo.key_buckets)
 
 
 def trace_quietly(trace, *args, **kwargs):
@@ -107,16 +114,15 @@ def trace_quietly(trace, *args, **kwargs):
 
 
 def trace_cpu(decoder: Gemma4Decoder, host: HostInputs, geo: Geometry, folder: Path, prefix: str = "") -> dict:
-    """TorchScript graphs, one prefill per bucket and one decode per KV bucket, each traced at its own
-    shape, as methods of one module saved in one file: they share one copy of the weights in RAM."""
+    """TorchScript graphs, one prefill per chunk bucket and key bucket that holds it and one decode per
+    key bucket, each traced at its own shape, as methods of one module saved in one file: they share
+    one copy of the weights in RAM."""
     graphs = nn.Module()
     graphs.prefill, graphs.decode = PrefillGraph(decoder).eval(), DecodeGraph(decoder).eval()
-    methods = {f"prefill_{b}": ("prefill", b) for b in geo.buckets} | {
-        f"decode_{t}": ("decode", t) for t in geo.decode_buckets}
-    for name, (graph, _) in methods.items():
-        setattr(graphs, name, getattr(graphs, graph).forward)  # trace_module traces methods by name
-    traced = trace_quietly(torch.jit.trace_module, graphs, {
-        name: example_inputs(host, geo, graph, bucket) for name, (graph, bucket) in methods.items()})
+    methods = graph_names(geo)
+    for name in methods:
+        setattr(graphs, name, getattr(graphs, parse_graph(name)[0]).forward)  # trace_module traces methods by name
+    traced = trace_quietly(torch.jit.trace_module, graphs, {name: example_inputs(host, geo, name) for name in methods})
     for name in methods:
         check_traced(getattr(traced, name), prefix + name, geo.vocab)
     rel = f"graphs/{prefix}graphs.pt"

@@ -57,10 +57,13 @@ def build_cases(meta, long: bool) -> list[Case]:
 
 
 def long_prompts(geo, long: bool) -> list[tuple[str, int]]:
-    """Prompts longer than every bucket, prefilled in chunks across the window and the sliding ring."""
+    """Prompts longer than every bucket, prefilled in chunks across the window and the sliding ring,
+    and prompts 3 tokens past each key bucket T but the last: a chunk ending at or below T runs over
+    T keys, the chunk past it over the next key bucket (every T >= the largest bucket has one)."""
     big, most = geo.buckets[-1], geo.kv_max - 8
     sizes = [("1.5x-bucket", big * 3 // 2), ("3x-bucket", 3 * big)] + ([("kv_max-8", most)] if long else [])
-    return [(label, n) for label, n in sizes if big < n <= most]
+    across = [(f"keys-{t}+3", t + 3) for t in geo.key_buckets[:-1] if big <= t]
+    return [(label, n) for label, n in sizes if big < n <= most] + [(label, n) for label, n in across if n <= most]
 
 
 def run_continuation(runner, first: list[int], replies: int, follow: list[int], steps: int):

@@ -28,7 +28,7 @@ def _edit(folder, edit):
 def test_the_geometry_states_kv_max_once_and_its_prefill(compiled):
     folder = compiled("tiny-e2b", "b4")
     geo = load_meta(folder).geometry
-    assert geo.kv_max == geo.decode_buckets[-1] == 64 and geo.prefill == "device"
+    assert geo.kv_max == geo.key_buckets[-1] == 64 and geo.prefill == "device"
     assert geo.kv_shapes == [(4, heads, geo.span(kind), dim) for (heads, dim), kind in zip(geo.kv_heads, geo.kv_kinds)]
     assert {geo.span(kind) for kind in geo.kv_kinds} == {geo.ring, 64}  # a sliding ring, a global kv_max
     stored = json.loads((folder / "artifact.json").read_text())["geometry"]

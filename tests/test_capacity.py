@@ -54,23 +54,24 @@ def test_e2b_holds_one_copy_of_its_weights_for_every_bucket(real):
     # KV in bf16: 12 sliding caches (1 head of 256) in a ring of 512 + 512, 3 global (1 head of 512) over 8192
     kv = 2 * 2 * (12 * 256 * 1024 + 3 * 512 * 8192)
     assert fp.rank_kv == kv == 62_914_560
-    assert fp.per_core == 2 * DEVICE["e2b"][0] + kv and fp.fits_core
-    more, _ = plan(real, "e2b", "512-128", buckets=(128, 256, 512), decode_buckets=(512, 1024, 8192))
-    assert more.per_core == fp.per_core and more.layout.compile_jobs == 6  # buckets add graphs, not weights
+    assert fp.per_core == 2 * DEVICE["e2b"][0] + kv + fp.rank_transient and fp.fits_core
+    more, _ = plan(real, "e2b", "512-128", buckets=(128, 256, 512), key_buckets=(512, 1024, 8192))
+    # buckets add graphs, not weights: 3 chunk buckets x 3 key buckets holding them, and 3 decodes
+    assert more.per_core == fp.per_core and more.layout.compile_jobs == 12
     fp32, _ = plan(real, "e2b", "512-128", dtype="float32")
-    assert fp32.per_core == 4 * DEVICE["e2b"][0] + 2 * kv and fp32.fits_core
+    assert fp32.per_core == 4 * DEVICE["e2b"][0] + 2 * kv + fp32.rank_transient and fp32.fits_core
 
 
 def test_e4b_fits_one_core_in_bf16_and_tp2_halves_it(real):
     tp1, sizes = plan(real, "e4b", "tp1-2048")
-    assert tp1.fits_core and tp1.per_core == 2 * DEVICE["e4b"][0] + tp1.rank_kv
+    assert tp1.fits_core and tp1.per_core == 2 * DEVICE["e4b"][0] + tp1.rank_kv + tp1.rank_transient
     fp32, _ = plan(real, "e4b", "tp1-2048", dtype="float32")
     assert not fp32.fits_core
     assert fixes(sizes, fp32)[0] == f"dtype: bfloat16 -> {tp1.per_core / GIB:.2f} GiB per core"
     tp2, _ = plan(real, "e4b", "tp2-2048")
     # KV per rank in bf16: 20 sliding caches (1 of 2 heads, 256) in a ring of 1024, 4 global (1 of 2, 512) over 8192
     kv = 2 * 2 * (20 * 256 * 1024 + 4 * 512 * 8192)
-    assert tp2.per_core == 2 * DEVICE["e4b"][1] + kv and tp2.fits_core
+    assert tp2.per_core == 2 * DEVICE["e4b"][1] + kv + tp2.rank_transient and tp2.fits_core
 
 
 def test_12b_fits_only_at_tp2_in_bf16(real):
@@ -83,6 +84,22 @@ def test_12b_fits_only_at_tp2_in_bf16(real):
         tp1, _ = plan(real, "12b", "tp2-256", tp=1, dtype=dtype)
         assert not tp1.fits_core
         assert not plan(real, "12b", "tp2-256", tp=1, dtype=dtype, prefill="host")[0].fits_core
+
+
+def test_the_largest_graph_is_a_chunk_over_kv_max_keys(real):
+    """Its float32 scores (one layer's: query heads x largest bucket x keys) and its rows (mask and
+    write per kind, at the variant dtype) sit on the core beside the weights and the KV."""
+    fp, _ = plan(real, "e2b", "512-128", kv_max=49152)  # 8 query heads; the ring is 512 + 512
+    assert fp.rank_scores == 4 * 8 * 512 * 49152 == 805_306_368
+    assert fp.rank_rows == 2 * 512 * 2 * (49152 + 1024)
+    tp2, _ = plan(real, "12b", "tp2-256", kv_max=49152, buckets=(128, 512))  # 16 heads, 8 per rank; ring 1024 + 512
+    assert tp2.rank_scores == 4 * 8 * 512 * 49152 and tp2.rank_rows == 2 * 512 * 2 * (49152 + 1536)
+    assert tp2.per_core == tp2.rank_weights + tp2.rank_kv + tp2.rank_scores + tp2.rank_rows
+    host, _ = plan(real, "e4b", "tp2-host", kv_max=49152)  # no prefill on the device: decode's, batch 1
+    assert host.rank_scores == 4 * 4 * 1 * 49152 and host.rank_rows == 2 * 1 * 2 * (49152 + 1024)
+    short, _ = plan(real, "e2b", "512-128", kv_max=49152, buckets=(128,))
+    assert short.rank_scores == fp.rank_scores // 4  # it grows with the chunk bucket, not the batch
+    assert plan(real, "e2b", "512-128", kv_max=49152, batch=4)[0].rank_scores == fp.rank_scores
 
 
 def test_a_kv_max_that_overflows_gets_the_largest_that_fits(real):
@@ -103,6 +120,21 @@ def test_the_largest_kv_max_is_bounded_by_the_softmax_row_or_the_core(real):
     assert not plan(real, "e2b", "512-128", batch=64, kv_max=limit + 128)[0].fits_core
     tp1, sizes = plan(real, "e4b", "tp1-2048", dtype="float32")
     assert kv_max_limit(sizes, tp1) == "-"  # the weights alone overflow: no kv_max helps
+    # the chunk's scores grow with kv_max too (8 query heads x the largest bucket x 4 bytes a key)
+    fat, sizes = plan(real, "e2b", "512-128", batch=64, buckets=(128, 4096))
+    limit = int(kv_max_limit(sizes, fat).removesuffix(" HBM"))
+    assert limit < int(kv_max_limit(sizes, crowded).removesuffix(" HBM"))  # a bigger chunk leaves less for the KV
+    assert plan(real, "e2b", "512-128", batch=64, buckets=(128, 4096), kv_max=limit)[0].fits_core
+    assert not plan(real, "e2b", "512-128", batch=64, buckets=(128, 4096), kv_max=limit + 128)[0].fits_core
+
+
+def test_the_largest_kv_max_stops_at_the_models_context():
+    manifest = load_manifest(ROOT / "manifests/gemma-4-e2b.yaml")
+    config = text_config_for(manifest)
+    assert config.max_position_embeddings == 131072  # what every kv_max up to stays below
+    config.max_position_embeddings = 32768
+    sizes = ModelSizes(config)
+    assert kv_max_limit(sizes, footprint(sizes, manifest.variants[0])) == "32768 context"
 
 
 @pytest.mark.parametrize("name, variant", [("e2b", "512-128"), ("e2b", "b4"), ("e4b", "tp2-2048"), ("12b", "tp2-2048")])
@@ -114,12 +146,13 @@ def test_the_shipped_long_variants_hold_a_context_of_8192_and_fit(real, name, va
 
 def test_host_ram_verdicts(real):
     fp, _ = plan(real, "e2b", "512-128")
-    assert fp.serve == PROCESS_BYTES + 2 * TABLES["e2b"]  # the slim server: tables only
+    # the slim server: tables, and cos and sin of every position for 256- and 512-wide heads
+    assert fp.serve == PROCESS_BYTES + 2 * TABLES["e2b"] + 2 * 8192 * 2 * (256 + 512)
     assert fp.load_peak == fp.serve + 2 * DEVICE["e2b"][0]  # the weight file passes through host RAM once
     assert host_verdict(fp, XLARGE) == "yes"
     assert host_verdict(fp, X8LARGE) == "yes"
     host_prefill, _ = plan(real, "e4b", "tp2-host")  # the whole model prefills on the host CPU
-    assert host_prefill.serve == PROCESS_BYTES + 2 * (TABLES["e4b"] + DEVICE["e4b"][0])
+    assert host_prefill.serve == PROCESS_BYTES + 2 * (TABLES["e4b"] + DEVICE["e4b"][0]) + host_prefill.host_rope
     assert host_verdict(host_prefill, XLARGE) == "no (host RAM)" and host_verdict(host_prefill, X8LARGE) == "yes"
     assert host_verdict(plan(real, "e4b", "tp1-2048", dtype="float32")[0], X8LARGE) == "no (core)"
 

@@ -11,9 +11,9 @@ from support.builds import setup
 
 def test_graph_signatures_match_the_host_inputs():
     _, _, shard, geo, decoder, host = setup("tiny-e2b", "b4")
-    pre = example_inputs(host, geo, "prefill", 16)
-    assert geo.decode_buckets == (32, 64)
-    dec = example_inputs(host, geo, "decode", 32)
+    pre = example_inputs(host, geo, "prefill_16_32")
+    assert geo.key_buckets == (32, 64)
+    dec = example_inputs(host, geo, "decode_32")
     assert len(pre) == len(geo.inputs["prefill"]) and len(dec) == len(geo.inputs["decode"])
     named = dict(zip(geo.inputs["decode"], dec))
     assert named["hidden"].shape == (4, 1, geo.hidden)
@@ -23,8 +23,28 @@ def test_graph_signatures_match_the_host_inputs():
     assert named["rows_sliding"].shape == (4, 2, 32)  # the ring (40) read up to the bucket too
     assert named["kv0_k"].shape == geo.kv_shapes[0]  # the graph still takes (and returns) whole buffers
     named = dict(zip(geo.inputs["prefill"], pre))
-    assert named["slot"].shape == (4,) and named["rows_full"].shape == (16, 2, geo.kv_max)
-    assert named["rows_sliding"].shape == (16, 2, geo.ring)
+    assert named["slot"].shape == (4,) and named["rows_full"].shape == (16, 2, 32)  # a chunk reads 32 keys too
+    assert named["rows_sliding"].shape == (16, 2, 32)
+    named = dict(zip(geo.inputs["prefill"], example_inputs(host, geo, "prefill_32_64")))
+    assert named["rows_full"].shape == (32, 2, geo.kv_max) and named["rows_sliding"].shape == (32, 2, geo.ring)
+
+
+def test_a_chunk_runs_in_the_smallest_key_bucket_that_holds_it():
+    """Its rows are the leading keys of the kv_max-wide rows (the same mask and writes, cut where no
+    position of the chunk reaches); a key bucket it does not fit is refused, naming the ones it does."""
+    *_, geo, _, host = setup("tiny-e2b", "b4")
+    assert [geo.keys_for_chunk(16, end) for end in (1, 32, 33, 64)] == [32, 32, 64, 64]
+    assert geo.prefill_keys(32) == (32, 64)
+    ids = list(range(1, 12))
+    short = dict(zip(geo.inputs["prefill"], host.prefill(ids, 16, 1, start=20)))
+    whole = dict(zip(geo.inputs["prefill"], host.prefill(ids, 16, 1, start=20, keys=64)))
+    for kind in geo.kinds:
+        assert short[f"rows_{kind}"].shape == (16, 2, 32)
+        assert torch.equal(short[f"rows_{kind}"], whole[f"rows_{kind}"][..., :32])
+        past = whole[f"rows_{kind}"][..., 32:]  # keys 32.. : none visible, none written
+        assert not (past[:, 0] == 0).any() and not past[:, 1].any()
+    with pytest.raises(ValueError, match=r"no prefill graph over 32 keys; it runs over one of \(32, 64\)"):
+        host.prefill(ids, 16, 1, start=22, keys=32)
 
 
 def test_decode_inputs_are_the_rows_of_their_definition():

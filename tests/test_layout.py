@@ -2,13 +2,16 @@
 
 import pytest
 
-from contract.layout import NeuronPlacementError, neuron_layout, rank_cores, visible_cores
+from contract.layout import NeuronPlacementError, neuron_layout, parse_graph, rank_cores, visible_cores
 
 
 def test_layouts_are_model_builder_keys_prefill_first():
-    device = neuron_layout(1, "device", (128, 512), (512, 2048))
-    assert device.keys == {"prefill": ("prefill_128", "prefill_512"), "decode": ("decode_512", "decode_2048")}
-    assert list(device.keys) == ["prefill", "decode"] and device.compile_jobs == 4
+    device = neuron_layout(1, "device", (128, 512), (256, 512, 2048))
+    # a chunk bucket has a graph for each key bucket that holds it (T >= C): 128 over 256 .. 2048, 512 over 512, 2048
+    assert device.keys == {"prefill": ("prefill_128_256", "prefill_128_512", "prefill_128_2048", "prefill_512_512",
+                                       "prefill_512_2048"), "decode": ("decode_256", "decode_512", "decode_2048")}
+    assert list(device.keys) == ["prefill", "decode"] and device.compile_jobs == 8
+    assert [parse_graph(n) for n in ("prefill_128_2048", "decode_512")] == [("prefill", 128, 2048), ("decode", 1, 512)]
     host = neuron_layout(2, "host", (512,), (1024, 2048))
     assert (host.keys, host.host_prefill, host.compile_jobs) == ({"decode": ("decode_1024", "decode_2048")}, True, 2)
 

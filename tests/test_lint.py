@@ -66,5 +66,5 @@ def test_clean_arithmetic_passes():
 def test_the_real_graphs_pass(compiled):
     folder = compiled("tiny-e2b", "fp32")
     graphs = torch.jit.load(str(folder / "graphs/graphs.pt"))
-    for name in ("prefill_16", "prefill_32", "decode_64"):
+    for name in ("prefill_16_64", "prefill_32_64", "decode_64"):
         check_traced(getattr(graphs, name), name, 1024)

@@ -105,8 +105,25 @@ def test_a_decode_bucket_computes_what_the_whole_cache_does():
     for a, b, old in zip(kv_small, kv_whole, kv):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         assert torch.equal(a[:, :, 32:], old[:, :, 32:])
-    with pytest.raises(ValueError, match="decode buckets"):
+    with pytest.raises(ValueError, match="key buckets"):
         host.decode(tokens, positions, kv, keys=48)
+
+
+@torch.no_grad()
+def test_a_prefill_key_bucket_computes_what_the_whole_cache_does():
+    """A chunk whose positions end below T: attending over T keys and rewriting only them gives the
+    kv_max graph's logits and whole buffers; every other slot and the tail come back untouched."""
+    *_, geo, decoder, host = setup("tiny-e2b", "b4")  # key buckets 32, 64; ring 40
+    graph = PrefillGraph(decoder)
+    g = torch.Generator().manual_seed(1)
+    kv = [torch.randn(s, generator=g) for s in geo.kv_shapes]  # a used cache: every position non-zero
+    ids = _prompt(11, seed=4)
+    small, *kv_small = graph(*host.prefill(ids, 16, 2, kv, start=20, keys=32))
+    whole, *kv_whole = graph(*host.prefill(ids, 16, 2, kv, start=20, keys=64))
+    torch.testing.assert_close(small, whole, rtol=1e-5, atol=1e-5)
+    for a, b, old in zip(kv_small, kv_whole, kv):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        assert torch.equal(a[:, :, 32:], old[:, :, 32:]) and torch.equal(a[[0, 1, 3]], old[[0, 1, 3]])
 
 
 # -- chunked prefill at any offset, sliding rings, reused prefixes ---------------------------------
@@ -210,7 +227,7 @@ def test_the_chunk_graph_traces_without_scatter_or_indexing():
     *_, geo, decoder, host = setup("tiny-12b")
     kv = tuple(torch.zeros(s) for s in geo.kv_shapes)
     inputs = host.prefill([5] * 10, 16, 0, kv, start=20)
-    check_traced(trace_quietly(torch.jit.trace, PrefillGraph(decoder).eval(), inputs), "prefill_16", geo.vocab)
+    check_traced(trace_quietly(torch.jit.trace, PrefillGraph(decoder).eval(), inputs), "prefill_16_64", geo.vocab)
 
 
 @torch.no_grad()

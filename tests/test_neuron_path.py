@@ -71,7 +71,7 @@ try:
 except RuntimeError as exc:
     old = str(exc).splitlines()[0]
 from contract.layout import signature
-decode = len(signature(geo, "decode", geo.decode_buckets[-1]))
+decode = len(signature(geo, f"decode_{geo.kv_max}"))
 report({"tokens": tokens, "old_call": old, "inputs": len(inputs), "decode_inputs": decode})
 """
 

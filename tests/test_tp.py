@@ -43,7 +43,7 @@ def test_tp2_compiles_and_verifies_token_for_token(compiled, name, variant):
     folder = compiled(name, variant)
     meta = load_meta(folder)
     assert meta.geometry.tp == 2
-    assert set(meta.graphs) == {f"rank{r}/{g}" for r in (0, 1) for g in ("prefill_16", "prefill_32", "decode_64")}
+    assert set(meta.graphs) == {f"rank{r}/{g}" for r in (0, 1) for g in ("prefill_16_64", "prefill_32_64", "decode_64")}
     result = verify(folder)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("│")]

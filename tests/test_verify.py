@@ -48,15 +48,18 @@ def test_batch_slots_decode_together_and_match(compiled):
 @pytest.mark.parametrize("name, variant", [("tiny-e2b", "chunks"), ("tiny-12b", "chunks-tp2")])
 def test_long_prompts_reuse_and_chunk_stages_match(compiled, name, variant):
     """Buckets of 8 and 16 in a context of 128 (tp 1) or 64 (tp 2): prompts of 1.5x, 3x and kv_max - 8
-    tokens (through the window and the sliding ring), a second turn that prefills only past the first
-    turn's KV, and two slots prefilling a chunk per step beside a decoding one."""
+    tokens (through the window and the sliding ring, and across the key buckets: their chunks change
+    key bucket), a second turn that prefills only past the first turn's KV, and two slots prefilling
+    a chunk per step beside a decoding one."""
     folder = compiled(name, variant)
     kv_max = load_meta(folder).geometry.kv_max
     result = verify(folder)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("│")}
+    # key buckets 16, 64 (and 128 at tp 1): 19 and 67 tokens end a chunk at 16 (64), the next runs over 64 (128)
     for case, length in (("random:1.5x-bucket", 24), ("random:3x-bucket", 48), ("random:kv_max-8", kv_max - 8),
-                         ("stages:random:kv_max-8", kv_max - 8), ("stages:random:short", 3)):
+                         ("stages:random:kv_max-8", kv_max - 8), ("stages:random:short", 3), ("random:keys-16+3", 19),
+                         *((("random:keys-64+3", 67),) if kv_max == 128 else ())):
         assert rows[case].split("│")[2].strip() == str(length) and "│ True " in rows[case], case
     turn = rows["turns:reuse-prefix"].split("│")[2].strip()  # "37 (31 reused)": the first turn and its reply
     assert turn.endswith("reused)") and int(turn.split("(")[1].split()[0]) > 16, turn

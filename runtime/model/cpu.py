@@ -32,8 +32,8 @@ class CpuBackend:
         logits, *self.kv = self.graphs[name](*inputs, *self.kv)
         return logits
 
-    def prefill(self, bucket: int, inputs) -> torch.Tensor:
-        return self._run(f"prefill_{bucket}", inputs)
+    def prefill(self, bucket: int, keys: int, inputs) -> torch.Tensor:
+        return self._run(f"prefill_{bucket}_{keys}", inputs)
 
     def decode(self, keys: int, inputs) -> torch.Tensor:
         return self._run(f"decode_{keys}", inputs)

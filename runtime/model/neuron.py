@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from contract.artifact import ArtifactMeta
+from contract.artifact import ArtifactMeta, prefill_graphs
 from contract.layout import HOST_KV, KV_STATE, NXD_WEIGHTS, neuron_layout, rank_cores
 from contract.versions import check_driver, check_versions, installed_versions, require
 
@@ -94,13 +94,14 @@ class _HostPrefill:
 
     def __init__(self, folder: Path, meta: ArtifactMeta):
         module = torch.jit.load(str(folder / meta.graphs["host_prefill"]), map_location="cpu").eval()
-        self.graphs = {b: getattr(module, f"prefill_{b}") for b in meta.geometry.buckets}
+        geo = meta.geometry
+        self.graphs = {name: getattr(module, name) for name in prefill_graphs(geo.buckets, geo.key_buckets)}
         raw = json.loads((folder / HOST_KV).read_text())["kv_heads"]
         self.ranges = [[tuple(r) for r in per_rank] for per_rank in raw]
 
-    def __call__(self, bucket: int, inputs, kv: ResidentKV) -> torch.Tensor:
+    def __call__(self, bucket: int, keys: int, inputs, kv: ResidentKV) -> torch.Tensor:
         # The graph replaces one slot and returns the others unchanged, so it needs the live KV.
-        logits, *new = self.graphs[bucket](*inputs, *join_kv(kv.read(), self.ranges))
+        logits, *new = self.graphs[f"prefill_{bucket}_{keys}"](*inputs, *join_kv(kv.read(), self.ranges))
         kv.write(split_kv(new, self.ranges))
         return logits
 
@@ -114,7 +115,7 @@ class NeuronBackend:
         check_driver(meta.manifest["toolchain"].get("neuron_driver"))
         torch.set_grad_enabled(False)
         folder, geo = Path(folder), meta.geometry
-        self.layout = neuron_layout(geo.tp, geo.prefill, geo.buckets, geo.decode_buckets)
+        self.layout = neuron_layout(geo.tp, geo.prefill, geo.buckets, geo.key_buckets)
         self.cores = rank_cores(geo.tp)
         torch_neuronx = require("torch_neuronx", "torch-neuronx", meta.versions.get("torch-neuronx"))
         require("neuronx_distributed", "neuronx-distributed", meta.versions.get("neuronx-distributed"))
@@ -135,9 +136,9 @@ class NeuronBackend:
     def _run(self, inputs) -> torch.Tensor:
         return logits_of(self.model.nxd_model.forward(list(inputs)))
 
-    def prefill(self, bucket: int, inputs) -> torch.Tensor:
+    def prefill(self, bucket: int, keys: int, inputs) -> torch.Tensor:
         if self.host_prefill is not None:
-            return self.host_prefill(bucket, inputs, self.kv)
+            return self.host_prefill(bucket, keys, inputs, self.kv)
         return self._run(inputs)
 
     def decode(self, keys: int, inputs) -> torch.Tensor:

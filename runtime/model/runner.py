@@ -20,7 +20,7 @@ from .slots import Slot, SlotState
 class Backend(Protocol):
     """Compiled graphs with device-resident KV state. Inputs come without KV tensors."""
 
-    def prefill(self, bucket: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
+    def prefill(self, bucket: int, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
     def decode(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
     def copy_slot(self, src: int, dst: int) -> None: ...  # slot dst's KV := slot src's, every position
     def reset(self) -> None: ...
@@ -59,8 +59,8 @@ class ModelRunner:
         return self.geo.kv_max - 1
 
     def keys_for(self, position: int) -> int:
-        """The smallest decode bucket whose keys include `position` (below kv_max: checked by the caller)."""
-        return next(t for t in self.geo.decode_buckets if position < t)
+        """The smallest key bucket whose keys include `position` (below kv_max: checked by the caller)."""
+        return next(t for t in self.geo.key_buckets if position < t)
 
     def start(self, slot: int, ids: list[int], reused: int = 0) -> None:
         """Make a free slot prefill `ids`, keeping the KV of its first `reused` positions (a prefix the
@@ -84,7 +84,8 @@ class ModelRunner:
             raise RuntimeError(f"slot {slot} is {s.state.value}, not prefilling")
         first, n, bucket = s.plan[s.chunk]
         ids = s.prompt[first:first + n]
-        logits = self.backend.prefill(bucket, self.host.prefill(ids, bucket, slot, start=first))
+        keys = self.geo.keys_for_chunk(bucket, first + n)  # the chunk's cost follows the prompt, not kv_max
+        logits = self.backend.prefill(bucket, keys, self.host.prefill(ids, bucket, slot, start=first, keys=keys))
         s.wrote(ids)
         s.chunk += 1
         if s.chunk < len(s.plan):

@@ -37,8 +37,8 @@ class CpuTensorParallelBackend:
     def __init__(self, folder: Path, meta: ArtifactMeta, timeout: float = CALL_TIMEOUT_S):
         self.group = RankGroup(meta.geometry.tp, _Rank, (Path(folder), meta), timeout)
 
-    def prefill(self, bucket: int, inputs) -> torch.Tensor:
-        return self.group.call("prefill", bucket, inputs)[0]
+    def prefill(self, bucket: int, keys: int, inputs) -> torch.Tensor:
+        return self.group.call("prefill", bucket, keys, inputs)[0]
 
     def decode(self, keys: int, inputs) -> torch.Tensor:
         return self.group.call("decode", keys, inputs)[0]

@@ -240,6 +240,7 @@ class ChatBody(_Body):
 
 class CompletionBody(_Body):
     prompt: Annotated[str | list[int], PlainValidator(_prompt)]
+    max_tokens: int | None = Field(default=None, ge=0)  # 0: only the prompt's logprobs (checked in the route)
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False
     best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
@@ -426,6 +427,9 @@ def completions():
         vocab = eng.geometry.vocab
         if not all(0 <= t < vocab for t in prompt):
             raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
+    if body.max_tokens == 0 and body.prompt_alternatives() is None:
+        raise APIError(400, "max_tokens: 0 generates nothing, so it only scores the prompt: send it with echo and "
+                       "logprobs, or with prompt_logprobs; else at least 1", param="max_tokens", code="invalid_value")
     job = submit(eng, body, list(prompt), body.max_tokens, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS,
                  skip_special_tokens=body.skip_special_tokens)
     echo = "" if not body.echo else body.prompt if isinstance(body.prompt, str) else eng.tokenizer.decode(prompt)

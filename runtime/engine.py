@@ -480,6 +480,8 @@ class Engine:
         job = live.job
         if live.fed < len(job.prompt):
             return self._force(live, logits)
+        if not job.max_tokens:  # max_tokens 0 (echo): the prompt is scored, nothing is generated
+            return self._finish(slot, "length")
         try:
             token, logprob = live.chooser.choose(logits, job.sampling, self.geometry.softcap, live.generator)
         except ValueError as exc:  # a grammar that cannot go on: this request fails, the others go on

@@ -269,3 +269,22 @@ def test_echo_logprobs_through_the_openai_client(engine):
                                         stream=True))
     assert "".join(p.choices[0].text for p in parts) == whole.choices[0].text
     assert [t for p in parts if p.choices[0].logprobs for t in p.choices[0].logprobs.token_logprobs] == lp.token_logprobs
+
+
+def test_max_tokens_zero_with_echo_scores_the_prompt_alone(client, engine):
+    """As vLLM: the prompt and its logprobs, nothing generated (older harnesses score this way)."""
+    prompt = "hello world, hello"
+    body = {"prompt": prompt, "max_tokens": 0, "echo": True, "logprobs": 1}
+    scored = post(client, COMPLETIONS, body)
+    choice = scored["choices"][0]
+    longer = post(client, COMPLETIONS, body | {"max_tokens": 2})["choices"][0]["logprobs"]
+    n = len(prompt_ids(engine, prompt))
+    assert (choice["text"], choice["finish_reason"], scored["usage"]["completion_tokens"]) == (prompt, "length", 0)
+    assert choice["logprobs"]["token_logprobs"] == longer["token_logprobs"][:n] and len(longer["tokens"]) == n + 2
+    chunks = events(client, COMPLETIONS, body)
+    assert streamed_texts(chunks, 1) == [prompt] and chunks[-1]["choices"][0]["finish_reason"] == "length"
+    one = post(client, COMPLETIONS, {"prompt": prompt_ids(engine, prompt)[:1], "max_tokens": 0, "prompt_logprobs": 1})
+    assert one["choices"][0]["prompt_logprobs"] == [None] and one["usage"]["completion_tokens"] == 0  # nothing to score
+    for bad in ({"max_tokens": 0}, {"max_tokens": 0, "echo": True}):
+        resp = client.post(COMPLETIONS, json={"model": MODEL, "prompt": prompt} | bad)
+        assert resp.status_code == 400 and resp.get_json()["error"]["param"] == "max_tokens"

@@ -79,7 +79,9 @@ def logprobs(logits: torch.Tensor, token: int, k: int, cap: float | None) -> Tok
     if k:
         values, ids = top_candidates(x, k)
         best = tuple(zip(ids.tolist(), lp(values).tolist()))
-    return TokenLogprob(token, float(lp(x[token : token + 1])[0]), best)
+    # A token among the best takes that very number: a harness compares them for equality (is it greedy?)
+    own = dict(best).get(token)
+    return TokenLogprob(token, float(lp(x[token : token + 1])[0]) if own is None else own, best)
 
 
 def prompt_logprob(logits: torch.Tensor, token: int, k: int, cap: float | None) -> TokenLogprob:

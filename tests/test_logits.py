@@ -31,6 +31,8 @@ def test_logprobs_are_log_softmax_of_the_softcapped_row(dtype):
         assert ids == torch.topk(want, 5).indices.tolist()
         assert [lp for _, lp in got.top] == pytest.approx(want[ids].tolist(), abs=1e-4)
     assert logprobs(row, 7, 0, CAP).top == ()
+    for token, lp in logprobs(row, 7, 5, CAP).top:  # a token among the best has exactly its listed logprob
+        assert logprobs(row, token, 5, CAP).logprob == lp
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -112,6 +112,43 @@ def test_host_prefill_writes_the_kv_into_the_state_the_decode_reads(neuron_artif
     assert seen == {"written": True, "zero_after_reset": True, "new_tensors": True, "same_again": True, "ranks": 2}
 
 
+FORK = r"""
+import torch
+from runtime.model.loader import load_artifact
+model = load_artifact(sys.argv[1])
+runner, kv = model.runner, model.runner.backend.kv
+ids = [9, 10, 11, 12, 13, 14, 15]
+want, want_logits = runner.greedy(ids, 6, slot=3)
+logits = runner.prefill(0, ids)
+before = [[t.clone() for t in rank] for rank in kv.read()]  # the stand-in's "device" tensors are on the CPU
+written = []
+write = kv.write
+kv.write = lambda values: (written.append([[t.clone() for t in rank] for rank in values]), write(values))[1]
+runner.fork(0, 1)
+kv.write = write
+runner.free(0)
+got, close = [], []
+for step in range(6):
+    close.append(bool(torch.allclose(logits.float(), want_logits[step], atol=1e-4)))
+    got.append(int(logits.argmax()))
+    logits = runner.decode({1: got[-1]})[1]
+rows = [[(bool(torch.equal(a[1], a[0])), bool(torch.equal(b[2:], a[2:]))) for a, b in zip(new, old)]
+        for new, old in zip(written[0], before)]
+report({"writes": len(written), "same_shapes": [[list(t.shape) for t in r] for r in written[0]]
+        == [[list(t.shape) for t in r] for r in before], "rows": sorted({r for rank in rows for r in rank}),
+        "tokens": got == want, "close": close})
+"""
+
+
+@pytest.mark.slow
+def test_a_fork_copies_the_slots_kv_through_the_resident_state(neuron_artifact):
+    """On a batch artifact a fork reads the model's state, copies the slot's row and writes the whole
+    state back (NxD writes a state buffer only whole); the forked slot then decodes as a prefill does."""
+    folder, _ = neuron_artifact("batch4")
+    seen = run_python(FORK, folder)
+    assert seen == {"writes": 1, "same_shapes": True, "rows": [[True, True]], "tokens": True, "close": [True] * 6}
+
+
 @pytest.mark.slow
 def test_serve_answers_on_the_stand_in(neuron_artifact, tmp_path):
     folder, _ = neuron_artifact("tp2-device-prefill")

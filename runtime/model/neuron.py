@@ -79,9 +79,10 @@ class ResidentKV:
                 dst.copy_(src)  # into the device buffer, as NxD writes a state buffer
 
     def copy_slot(self, src: int, dst: int) -> None:
-        """Slot dst's KV := slot src's, on every rank. NxD reads and writes a state buffer only whole
-        (nxd_model.py read_from_neuron_buffer / write_to_neuron_buffer, which refuses another shape),
-        so the whole state makes a host round trip and only row dst changes."""
+        """Slot dst's KV := slot src's, on every rank. NxD's own buffer calls read and write a state
+        buffer whole (nxd_model.py read_from_neuron_buffer; write_to_neuron_buffer refuses another
+        shape) and its source never writes into a slice of a device tensor, so the whole state makes
+        a host round trip and only row dst changes."""
         values = self.read()
         for rank in values:
             for t in rank:  # (B, KVH, S, D)

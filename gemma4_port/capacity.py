@@ -250,7 +250,7 @@ SHORT = {"float32": "fp32", "bfloat16": "bf16"}
 
 def describe(layout: NeuronLayout) -> str:
     n = len(layout.device_graphs)
-    return f"{n} decode (host prefill)" if layout.host_prefill else f"{n} buckets"
+    return f"{n} decode (host prefill)" if layout.host_prefill else f"{n} graphs"
 
 
 def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> None:

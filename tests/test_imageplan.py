@@ -28,9 +28,9 @@ BASE_DIGEST = "sha256:" + "ab" * 32
 CASES = {  # golden name -> (manifest, options)
     "tiny-e2b-cpu": ("tiny-e2b", ImageOptions(flavour="cpu", registry="127.0.0.1:5000", **FIXED)),
     "gemma-4-e2b-neuron": ("gemma-4-e2b", ImageOptions(
-        flavour="neuron", compile_swap_gib={"512-128": 0, "tp2-2048": 0}, **FIXED)),
+        flavour="neuron", compile_swap_gib={"512-128": 0, "tp2-48k": 0}, **FIXED)),
     "gemma-4-12b-neuron-copy": ("gemma-4-12b", ImageOptions(
-        flavour="neuron", weights="copy", compile_swap_gib={"tp2-2048": 58}, **FIXED)),
+        flavour="neuron", weights="copy", compile_swap_gib={"tp2-48k": 221}, **FIXED)),
 }
 
 
@@ -81,9 +81,9 @@ def test_env_is_baked_from_the_manifest():
     by_kind = {s.kind: s for s in plan_images(manifest(name), options)}
     slim, tp2 = dict(by_kind["slim"].env), dict(by_kind["tp2-slim"].env)
     assert slim["GEMMA4_ARTIFACT"] == "/opt/gemma4/artifacts/512-128" and slim["NEURON_RT_VISIBLE_CORES"] == "0"
-    assert tp2["GEMMA4_ARTIFACT"] == "/opt/gemma4/artifacts/tp2-2048" and tp2["NEURON_RT_VISIBLE_CORES"] == "0,1"
+    assert tp2["GEMMA4_ARTIFACT"] == "/opt/gemma4/artifacts/tp2-48k" and tp2["NEURON_RT_VISIBLE_CORES"] == "0,1"
     assert slim["GEMMA4_BACKEND"] == "neuron" and slim["GEMMA4_PORT"] == "8080" and slim["GEMMA4_HOST"] == "0.0.0.0"
-    assert by_kind["base"].variants == ("512-128", "tp2-2048")
+    assert by_kind["base"].variants == ("512-128", "tp2-48k")
 
 
 def test_tags_select_images_and_bring_their_base():

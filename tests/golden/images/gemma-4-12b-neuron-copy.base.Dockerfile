@@ -1,7 +1,7 @@
 # gemma4-inf2 base, neuron flavour (Inferentia2): gemma4-inf2/gemma-4-12b:latest
 # Build on an inf2.8xlarge (or any large x86 host: the compile runs on the CPU, not on the device).
 # Host memory for the compile of each variant:
-#   tp2-2048: the compile needs >= 58 GiB of swap on an inf2.8xlarge (128 GiB RAM; build.py plan)
+#   tp2-48k: the compile needs >= 221 GiB of swap on an inf2.8xlarge (128 GiB RAM; build.py plan)
 # The image is large (toolchain + artifacts): build and push it once; slim images push only their layer.
 
 FROM ubuntu:22.04 AS toolchain
@@ -38,11 +38,11 @@ ENV HF_HOME=/opt/hf \
 COPY checkpoint/ /opt/hf/hub/models--google--gemma-4-12B-it/
 COPY app/ /opt/gemma4/
 WORKDIR /opt/gemma4
-RUN HF_HUB_OFFLINE=1 python build.py compile manifest.yaml --variant tp2-2048 --backend neuron --out /opt/gemma4/artifacts/tp2-2048
+RUN HF_HUB_OFFLINE=1 python build.py compile manifest.yaml --variant tp2-48k --backend neuron --out /opt/gemma4/artifacts/tp2-48k
 
 FROM toolchain
 # One layer per artifact, before the code: a code change never re-uploads an artifact.
-COPY --from=compile /opt/gemma4/artifacts/tp2-2048/ /opt/gemma4/artifacts/tp2-2048/
+COPY --from=compile /opt/gemma4/artifacts/tp2-48k/ /opt/gemma4/artifacts/tp2-48k/
 # The build tools (build.py compile / verify) and the modules they import; the server lives in slim.
 COPY app/ /opt/gemma4/
 WORKDIR /opt/gemma4
@@ -52,5 +52,5 @@ LABEL org.opencontainers.image.source="https://example.invalid/gemma4-inf2" \
     org.opencontainers.image.created="2026-01-01T00:00:00Z" \
     org.opencontainers.image.base.name="ubuntu:22.04" \
     gemma4-inf2.flavour="neuron" \
-    gemma4-inf2.variants="tp2-2048" \
-    gemma4-inf2.compile-swap-gib.tp2-2048="58"
+    gemma4-inf2.variants="tp2-48k" \
+    gemma4-inf2.compile-swap-gib.tp2-48k="221"

@@ -1,4 +1,4 @@
-# gemma4-inf2 tp2-slim (neuron): gemma4-inf2/gemma-4-12b:tp2-slim, serving tp2-2048
+# gemma4-inf2 tp2-slim (neuron): gemma4-inf2/gemma-4-12b:tp2-slim, serving tp2-48k
 # Only the server and the contract it shares with the build: a server change rebuilds and pushes this
 # thin layer, never the base. The base keeps its own copy of contract/ and runtime/model/ for its
 # build tools; the server imports both packages from /app (PYTHONPATH).
@@ -6,7 +6,7 @@ FROM gemma4-inf2/gemma-4-12b@sha256:abababababababababababababababababababababab
 RUN groupadd --system --gid 10001 gemma4 \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /nonexistent gemma4
 COPY server/ /app/
-ENV GEMMA4_ARTIFACT="/opt/gemma4/artifacts/tp2-2048" \
+ENV GEMMA4_ARTIFACT="/opt/gemma4/artifacts/tp2-48k" \
     GEMMA4_BACKEND="neuron" \
     GEMMA4_MODEL_NAME="gemma-4-12b" \
     GEMMA4_HOST="0.0.0.0" \
@@ -26,5 +26,5 @@ LABEL org.opencontainers.image.source="https://example.invalid/gemma4-inf2" \
     org.opencontainers.image.created="2026-01-01T00:00:00Z" \
     org.opencontainers.image.base.name="gemma4-inf2/gemma-4-12b:latest" \
     gemma4-inf2.flavour="neuron" \
-    gemma4-inf2.variants="tp2-2048" \
+    gemma4-inf2.variants="tp2-48k" \
     org.opencontainers.image.base.digest="sha256:abababababababababababababababababababababababababababababababab"

@@ -3,7 +3,7 @@
 # Build on an inf2.8xlarge (or any large x86 host: the compile runs on the CPU, not on the device).
 # Host memory for the compile of each variant:
 #   512-128: the compile fits in an inf2.8xlarge's 128 GiB of RAM, no swap needed
-#   tp2-2048: the compile fits in an inf2.8xlarge's 128 GiB of RAM, no swap needed
+#   tp2-48k: the compile fits in an inf2.8xlarge's 128 GiB of RAM, no swap needed
 # The image is large (toolchain + artifacts): build and push it once; slim images push only their layer.
 
 FROM ubuntu:22.04 AS toolchain
@@ -46,12 +46,12 @@ RUN --mount=type=secret,id=hf_token,required=false \
 COPY app/ /opt/gemma4/
 WORKDIR /opt/gemma4
 RUN HF_HUB_OFFLINE=1 python build.py compile manifest.yaml --variant 512-128 --backend neuron --out /opt/gemma4/artifacts/512-128
-RUN HF_HUB_OFFLINE=1 python build.py compile manifest.yaml --variant tp2-2048 --backend neuron --out /opt/gemma4/artifacts/tp2-2048
+RUN HF_HUB_OFFLINE=1 python build.py compile manifest.yaml --variant tp2-48k --backend neuron --out /opt/gemma4/artifacts/tp2-48k
 
 FROM toolchain
 # One layer per artifact, before the code: a code change never re-uploads an artifact.
 COPY --from=compile /opt/gemma4/artifacts/512-128/ /opt/gemma4/artifacts/512-128/
-COPY --from=compile /opt/gemma4/artifacts/tp2-2048/ /opt/gemma4/artifacts/tp2-2048/
+COPY --from=compile /opt/gemma4/artifacts/tp2-48k/ /opt/gemma4/artifacts/tp2-48k/
 # The build tools (build.py compile / verify) and the modules they import; the server lives in slim.
 COPY app/ /opt/gemma4/
 WORKDIR /opt/gemma4
@@ -61,6 +61,6 @@ LABEL org.opencontainers.image.source="https://example.invalid/gemma4-inf2" \
     org.opencontainers.image.created="2026-01-01T00:00:00Z" \
     org.opencontainers.image.base.name="ubuntu:22.04" \
     gemma4-inf2.flavour="neuron" \
-    gemma4-inf2.variants="512-128,tp2-2048" \
+    gemma4-inf2.variants="512-128,tp2-48k" \
     gemma4-inf2.compile-swap-gib.512-128="0" \
-    gemma4-inf2.compile-swap-gib.tp2-2048="0"
+    gemma4-inf2.compile-swap-gib.tp2-48k="0"

@@ -429,3 +429,15 @@ def test_prompt_logprobs_are_the_references_log_softmax_at_every_prompt_position
         assert e.rank == 1 + int((row > row[ids[i + 1]]).sum())
         assert [t for t, _ in e.top] == row.topk(3).indices.tolist()
         assert max(abs(lp - float(row[t])) for t, lp in e.top) <= bound
+
+
+def test_n_choices_on_one_slot_run_one_after_another_from_the_retained_prompt(compiled):
+    """Batch 1: the choices wait for the one slot and decode on from the KV the previous one left
+    there (no copy, no prefill), as long as its ring still holds the prompt's end."""
+    with running(Settings(artifact=compiled("tiny-e2b", "fp32"))) as engine:
+        assert engine.wait(300) is State.READY, engine.reason
+        seen, recorded = _calls(engine)
+        engine.model.runner.backend.prefill = recorded("prefill", engine.model.runner.backend.prefill)
+        ids = _random(14, 10)
+        assert _choices(engine.submit(Job(ids, 6, GREEDY), 3), 3) == [_reference(engine, ids, 6)] * 3
+        assert [graph for graph, _ in seen].count("prefill") == 1 and _forks(engine) == (2, 28)

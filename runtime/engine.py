@@ -397,14 +397,16 @@ class Engine:
         """For another choice of a request whose prompt's logits are kept: the slot to copy, the one
         holding the prompt with the fewest positions past it, a free one first (used where it is, no
         copy); None to prefill (none holds it, or n = 1); WAIT while a choice prefills it.
-        Without prefix reuse only the slots serving the request's choices count."""
-        first, slots = job.first, self.model.runner.slots
+        Without prefix reuse only the slots serving the request's choices count; without fork_copy
+        only a free one, used where it is (so waiting for another choice's prefill gains nothing)."""
+        first, slots, copy = job.first, self.model.runner.slots, self.settings.fork_copy
         if first is None:
             return None
         if first.logits is None:
-            mine = any(s.state is SlotState.PREFILLING and s.request.job.first is first for s in slots)
+            mine = copy and any(s.state is SlotState.PREFILLING and s.request.job.first is first for s in slots)
             return WAIT if mine else None
-        held = [s for s in slots if s.state is not SlotState.PREFILLING and forkable(self.geometry, s.tokens, job.prompt)
+        held = [s for s in slots if s.state is not SlotState.PREFILLING and (copy or s.free)
+                and forkable(self.geometry, s.tokens, job.prompt)
                 and (self.settings.prefix_reuse or (not s.free and s.request.job.first is first))]
         best = min(held, key=lambda s: (not s.free, len(s.tokens)), default=None)
         return None if best is None else best.index

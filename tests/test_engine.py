@@ -441,3 +441,18 @@ def test_n_choices_on_one_slot_run_one_after_another_from_the_retained_prompt(co
         ids = _random(14, 10)
         assert _choices(engine.submit(Job(ids, 6, GREEDY), 3), 3) == [_reference(engine, ids, 6)] * 3
         assert [graph for graph, _ in seen].count("prefill") == 1 and _forks(engine) == (2, 28)
+
+
+def test_without_fork_copy_choices_prefill_beside_each_other_and_only_take_a_freed_slot_as_it_is(compiled):
+    """GEMMA4_FORK_COPY=false (a backend whose copy costs more than a prefill): no slot's KV is ever
+    copied; six choices on four slots prefill four times, and the last two decode on from the
+    prompt that finished choices left in their slots."""
+    with running(Settings(artifact=compiled("tiny-e2b", "b4"), fork_copy=False)) as engine:
+        assert engine.wait(300) is State.READY, engine.reason
+        seen, recorded = _calls(engine)
+        backend = engine.model.runner.backend
+        backend.prefill, backend.copy_slot = recorded("prefill", backend.prefill), recorded("copy", backend.copy_slot)
+        ids = _random(10, 11)
+        assert _choices(engine.submit(Job(ids, 6, GREEDY), 6), 6) == [_reference(engine, ids, 6)] * 6
+        graphs = [graph for graph, _ in seen]
+        assert (graphs.count("prefill"), graphs.count("copy"), _forks(engine)) == (4, 0, (2, 20))

@@ -388,7 +388,8 @@ class Engine:
                 self._fork(source, free, live, logits)
                 continue
             reuse = self.settings.prefix_reuse
-            slot, reused = choose_slot(self.geometry, {s.index: s.tokens if reuse else None for s in free}, job.prefill)
+            slot, reused = choose_slot(self.geometry, {s.index: s.tokens if reuse else None for s in free}, job.prefill,
+                                       {s.index: s.reach for s in free})
             self.metrics.prefix_admitted(reused)
             runner.slots[slot].request = live
             runner.start(slot, job.prefill, reused)
@@ -406,7 +407,7 @@ class Engine:
             mine = copy and any(s.state is SlotState.PREFILLING and s.request.job.first is first for s in slots)
             return WAIT if mine else None
         held = [s for s in slots if s.state is not SlotState.PREFILLING and (copy or s.free)
-                and forkable(self.geometry, s.tokens, job.prompt)
+                and forkable(self.geometry, s.tokens, job.prompt, s.reach)
                 and (self.settings.prefix_reuse or (not s.free and s.request.job.first is first))]
         best = min(held, key=lambda s: (not s.free, len(s.tokens)), default=None)
         return None if best is None else best.index

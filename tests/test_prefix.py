@@ -8,7 +8,7 @@ from gemma4_port.configs import text_config_for
 from gemma4_port.manifest import load_manifest
 from gemma4_port.sharding import shard_model
 from gemma4_port.tracing import geometry
-from runtime.model.prefix import choose_slot, reusable_prefix
+from runtime.model.prefix import choose_slot, forkable, reusable_prefix
 from support import MANIFESTS
 
 
@@ -32,6 +32,19 @@ def test_a_ring_that_has_moved_on_past_the_prefix_is_not_reused(geo):
     retained = list(range(100, 160))  # 60 positions: the ring (40) has wrapped
     assert reusable_prefix(geo, retained, retained[:27] + [1]) == 27  # 59 - 27 = 32: still whole
     assert reusable_prefix(geo, retained, retained[:26] + [1]) == 0  # 33: keys before 26 are overwritten
+
+
+def test_the_ring_counts_from_the_furthest_write_not_from_the_retained_tokens(geo):
+    """A slot cut back to 30 tokens whose writes once reached 60 positions: the ring lost keys the
+    tokens alone would not say; a fork's copy of the prompt obeys the same rule."""
+    retained = list(range(100, 130))
+    assert reusable_prefix(geo, retained, retained + [1], reach=60) == 30  # 59 - 30 = 29
+    assert reusable_prefix(geo, retained, retained[:27] + [1], reach=60) == 27  # 59 - 27 = 32
+    assert reusable_prefix(geo, retained, retained[:26] + [1]) == 26  # by its tokens: 29 - 26 = 3
+    assert reusable_prefix(geo, retained, retained[:26] + [1], reach=60) == 0  # by its writes: 59 - 26 = 33
+    assert choose_slot(geo, {1: retained, 2: retained[:20]}, retained[:20] + [1], reach={1: 64, 2: 20}) == (2, 20)
+    assert forkable(geo, retained, retained[:20], 52) and not forkable(geo, retained, retained[:20], 54)
+    assert not forkable(geo, retained, [1] + retained[:19], 30)
 
 
 def test_the_slot_with_the_longest_reusable_prefix_wins(geo):  # the smallest bucket is 16

@@ -97,9 +97,10 @@ def test_a_fork_decodes_on_from_a_copy_of_the_source_slots_kv(runner):
     assert got[0] == got[1] == want
     runner.free(0)  # retained: 37 prompt positions and 6 more; slot 2 forks from its prompt's end
     runner.fork(0, 2, keep=37)
-    assert runner.slots[2].tokens == ids
+    assert (runner.slots[2].tokens, runner.slots[2].reach) == (ids, 43)  # the copied ring reached 43
     assert int(runner.decode({2: want[0]})[2].argmax()) == want[1]
-    with pytest.raises(ValueError, match="a fork keeps 1 to 43 of them, ending at most 32 before the last .* not 5"):
+    with pytest.raises(ValueError, match=r"a fork keeps 1 to 43 of them, ending at most 32 before the furthest "
+                                         r"position written there \(42: .* not 5"):
         runner.fork(0, 3, keep=5)
     for slot in (1, 2):
         runner.free(slot)
@@ -120,3 +121,22 @@ def test_a_forked_slots_retained_kv_is_reused_exactly(runner):
     reused, _ = runner.greedy(follow, 5, slot=1, reused=21)
     fresh, _ = runner.greedy(follow, 5, slot=2)
     assert reused == fresh
+
+
+def test_a_ring_written_past_the_slots_tokens_keeps_no_prefix_it_lost(runner):
+    """A later, shorter request cuts a slot's `tokens` but not what its sliding ring (40 keys, window
+    8) holds: after 52 positions the keys of positions 0-11 hold 40-51, and a prompt that keeps 18
+    positions would read them for its positions 11-17. The reuse rule counts from the furthest write."""
+    a = [(19 * i + 7) % 800 for i in range(52)]
+    runner.prefill(0, a)
+    runner.free(0)
+    b = a[:20] + [3, 4]
+    runner.prefill(0, b, reused=runner.reusable(0, b))  # keeps 20: 51 - 20 <= 32
+    runner.free(0)
+    c = a[:18] + [5, 6, 7]
+    assert (len(runner.slots[0].tokens), runner.slots[0].reach, runner.reusable(0, c)) == (22, 52, 0)
+    with pytest.raises(ValueError, match="slot 0 cannot keep 18 positions for this prompt: it holds 0 of them"):
+        runner.start(0, c, reused=18)
+    d = a[:20] + [3, 9, 9]  # shares 21 with the slot's tokens: 51 - 21 <= 32, still whole
+    assert runner.reusable(0, d) == 21
+    assert runner.greedy(d, 4, slot=0, reused=21)[0] == runner.greedy(d, 4, slot=1)[0]

@@ -71,9 +71,9 @@ class ModelRunner:
         if not 0 < len(ids) <= self.max_prompt:
             raise PromptTooLong(f"prompt has {len(ids)} tokens; this model holds at most {self.max_prompt} "
                                 f"(kv_max {self.geo.kv_max} less one position to generate into)")
-        if reused and reusable_prefix(self.geo, s.tokens, ids) < reused:
+        if reused and self.reusable(slot, ids) < reused:
             raise ValueError(f"slot {slot} cannot keep {reused} positions for this prompt: it holds "
-                             f"{reusable_prefix(self.geo, s.tokens, ids)} of them")
+                             f"{self.reusable(slot, ids)} of them")
         s.start(ids, reused, chunks(reused, len(ids), self.geo.buckets))
 
     def prefill_step(self, slot: int) -> torch.Tensor | None:
@@ -112,18 +112,20 @@ class ModelRunner:
             raise RuntimeError(f"slot {dst} is {d.state.value}, not free")
         held = len(s.tokens)
         keep = held if keep is None else keep
-        if not (0 < keep <= held and ring_holds(self.geo, held, keep)):
+        if not (0 < keep <= held and ring_holds(self.geo, s.reach, keep)):
             ring = self.geo.ring < self.geo.kv_max
             raise ValueError(f"slot {src} holds {held} positions; a fork keeps 1 to {held} of them" + (
-                f", ending at most {self.geo.ring - self.geo.sliding_window} before the last (its sliding ring of "
-                f"{self.geo.ring} positions has overwritten older keys)" if ring else "") + f", not {keep}")
+                f", ending at most {self.geo.ring - self.geo.sliding_window} before the furthest position "
+                f"written there ({s.reach - 1}: its sliding ring of {self.geo.ring} has overwritten older keys)"
+                if ring else "") + f", not {keep}")
         if src != dst:
             self.backend.copy_slot(src, dst)
-        d.forked(s.tokens[:keep])
+        d.forked(s.tokens[:keep], s.reach)
 
     def reusable(self, slot: int, ids: list[int]) -> int:
         """Leading positions of `ids` whose KV the slot holds and may keep (the reuse rule)."""
-        return reusable_prefix(self.geo, self.slots[slot].tokens, ids)
+        s = self.slots[slot]
+        return reusable_prefix(self.geo, s.tokens, ids, s.reach)
 
     def decode(self, tokens: dict[int, int]) -> dict[int, torch.Tensor]:
         """Feed `tokens[slot]` at each busy slot's position; raw logits (V,) per slot, at the graph dtype

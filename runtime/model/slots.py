@@ -33,6 +33,10 @@ class Slot:
     position: int = 0  # the next KV write position
     request: Any = None  # what the engine serves in this slot
     tokens: list[int] = field(default_factory=list)  # the tokens whose KV it holds, at positions 0, 1, ...
+    # How far writes into its rows reached since a prompt was last written from position 0: a sliding
+    # ring still holds positions past a `tokens` that a later request cut short (or that a fork copied
+    # from a slot that had gone further). From position 0 every key a later prompt can keep is rewritten.
+    reach: int = 0
     prompt: list[int] = field(default_factory=list)  # while prefilling: the whole prompt
     plan: list[tuple[int, int, int]] = field(default_factory=list)  # while prefilling: (start, length, bucket)
     chunk: int = 0  # while prefilling: the index of the next chunk in `plan`
@@ -45,16 +49,18 @@ class Slot:
     def start(self, prompt: list[int], reused: int, plan: list[tuple[int, int, int]]) -> None:
         self.state, self.prompt, self.plan, self.chunk = SlotState.PREFILLING, list(prompt), plan, 0
         self.tokens, self.position = self.tokens[:reused], reused
+        self.reach = self.reach if reused else 0
 
-    def forked(self, tokens: list[int]) -> None:
-        """Its KV is now a copy of one that holds `tokens` (and maybe more, never read): decode on."""
+    def forked(self, tokens: list[int], reach: int) -> None:
+        """Its KV is now a copy of rows that hold `tokens` and were written up to `reach`: decode on."""
         self.state, self.prompt, self.plan, self.chunk = SlotState.DECODING, [], [], 0
-        self.tokens, self.position = list(tokens), len(tokens)
+        self.tokens, self.position, self.reach = list(tokens), len(tokens), reach
 
     def wrote(self, tokens: list[int]) -> None:
         """`tokens` now have their KV at the next positions."""
         self.tokens += tokens
         self.position += len(tokens)
+        self.reach = max(self.reach, self.position)
 
     def release(self) -> None:
         """Done with the request; the KV stays for a later prompt that shares its tokens."""

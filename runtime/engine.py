@@ -461,8 +461,8 @@ class Engine:
 
     @staticmethod
     def _share(job: Job, logits: torch.Tensor) -> bool:
-        """Keep the prompt's logits for the request's choices still without a slot (a copy: the
-        backend's output is its own)."""
+        """Keep the prompt's logits for the request's choices still without a slot: a copy, so that
+        neither a backend reusing its output buffer nor a view of the whole batch keeps more alive."""
         first = job.first
         if first is None or not first.waiting or first.logits is not None:
             return False

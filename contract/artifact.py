@@ -14,9 +14,9 @@ from .errors import Gemma4Error
 from .files import read_parsed
 from .typed import Frozen
 
-ARTIFACT_FORMAT = 5  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill;
+ARTIFACT_FORMAT = 6  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill;
 # 4: a self-digest, golden steps with the reference's best logits; 5: key buckets for prefill too
-# (graphs prefill_<C>_<T>; geometry.key_buckets, was decode_buckets)
+# (graphs prefill_<C>_<T>; geometry.key_buckets, was decode_buckets); 6: copy_<T> graphs for a fork
 HOST_TABLES = "host/tables.safetensors"
 
 
@@ -88,6 +88,13 @@ def prefill_graphs(buckets: tuple[int, ...], key_buckets: tuple[int, ...]) -> tu
     return tuple(f"prefill_{c}_{t}" for c in buckets for t in prefill_keys(c, key_buckets))
 
 
+def copy_graphs(batch: int, key_buckets: tuple[int, ...]) -> tuple[str, ...]:
+    """Every fork copy graph's name, copy_<T> per key bucket: a fork copies the first T positions of
+    a global cache, T the smallest key bucket that holds the prompt. None at batch 1, where a fork
+    decodes on in the slot that holds the prompt."""
+    return () if batch == 1 else tuple(f"copy_{t}" for t in key_buckets)
+
+
 class GoldenStep(Frozen):
     """The float reference at one golden step: its best tokens, best first, and their softcapped
     logits, from which the self-test judges a divergence without a device at compile time."""
@@ -111,7 +118,7 @@ class ArtifactMeta(Frozen):
     manifest: dict
     versions: dict[str, str]
     geometry: Geometry
-    graphs: dict[str, str]  # "prefill_16_64" / "decode_64" (and "rank{r}/..." under tp) -> relative path
+    graphs: dict[str, str]  # "prefill_16_64" / "decode_64" / "copy_64" (and "rank{r}/..." under tp) -> relative path
     files: dict[str, str]  # relative path -> sha256
     golden: tuple[Golden, ...]
     eos_token_ids: tuple[int, ...]

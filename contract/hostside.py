@@ -62,7 +62,7 @@ class HostInputs:
             widths = {min(t, S) for t in geo.key_buckets} | {S}
             self.row_bits[kind] = {w: np.lib.stride_tricks.sliding_window_view(strip, w, axis=1).transpose(1, 0, 2)
                                    for w in widths}  # (4S-w+1, 2, w)
-        self.order = {g: [n for n in geo.inputs[g] if not n.startswith("kv")] for g in ("prefill", "decode")}
+        self.order = {g: [n for n in names if not n.startswith("kv")] for g, names in geo.inputs.items()}
 
     def _strip(self, kind: str, S: int) -> torch.Tensor:
         """(2, 4S): additive mask, then one-hot write. Slice S-1-q (q < S) is the row of position q
@@ -168,3 +168,18 @@ class HostInputs:
         values = {"hidden": h, "ple": ple, "rope": self._gather(self.rope_bits, pos),  # rope (B, 1, 2D per kind)
                   **self._rows(at, T)}  # rows_<kind> (B, 2, T)
         return self._assemble("decode", values, kv)
+
+    def copy(self, source: int, target: int, keep: int, keys: int, kv=()) -> tuple[torch.Tensor, ...]:
+        """A fork: slot `target` takes slot `source`'s KV of positions 0 .. keep-1, for the copy graph
+        over the first `keys` positions of a global cache (keep <= keys; sliding rings go whole)."""
+        B = self.geo.batch
+        if not (0 <= source < B and 0 <= target < B and source != target):
+            raise ValueError(f"a copy goes from one slot to another of 0 .. {B - 1}, not {source} -> {target}")
+        if keys not in self.geo.key_buckets or not 0 < keep <= keys:
+            raise ValueError(f"a copy of {keep} positions has no graph over {keys} keys; it runs over the "
+                             f"smallest of {self.geo.key_buckets} holding them")
+        one_hot = torch.nn.functional.one_hot
+        values = {"source": one_hot(torch.tensor(source), B).to(self.dtype),  # (B,)
+                  "target": one_hot(torch.tensor(target), B).to(self.dtype),  # (B,)
+                  "held": (torch.arange(keys) < keep).to(self.dtype)}  # (T,)
+        return self._assemble("copy", values, kv)

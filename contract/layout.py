@@ -4,9 +4,11 @@ it is saved in, and each device graph's input signature. The build compiles it
 (runtime/model/neuron.py): one definition for the three.
 
 Every variant is one ModelBuilder model: a `prefill` key (a bucket per chunk length and key length
-that holds it, prefill_<C>_<T>) and a `decode` key (a bucket per key length) that share one copy of the weights per core and the KV as aliased
-state. With `prefill: host` the model is the decode key alone; the prompt runs through a CPU
-prefill of the whole model whose KV the host writes into the state, split per rank as HOST_KV says.
+that holds it, prefill_<C>_<T>), a `decode` key (a bucket per key length) that share one copy of the
+weights per core and the KV as aliased state, and at batch > 1 a `copy` key (a bucket per key
+length, no weights) that copies a slot's KV into another for a fork. With `prefill: host` the model
+is the decode and copy keys alone; the prompt runs through a CPU prefill of the whole model whose
+KV the host writes into the state, split per rank as HOST_KV says.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .artifact import ArtifactError, Geometry, prefill_graphs
+from .artifact import ArtifactError, Geometry, copy_graphs, prefill_graphs
 from .dtypes import DTYPES
 
 HOST_KV = "graphs/host_kv.json"  # {"kv_heads": [[[start, count] per rank] per KV tensor]}
@@ -28,7 +30,7 @@ KV_STATE = "kv.{index}"  # the model's state key of KV tensor `index`: its name 
 @dataclass(frozen=True)
 class NeuronLayout:
     tp: int
-    device_graphs: tuple[str, ...]  # "prefill_<bucket>_<keys>" ... "decode_<keys>" ...: what runs on the NeuronCores
+    device_graphs: tuple[str, ...]  # "prefill_<bucket>_<keys>" ... "decode_<keys>" ... "copy_<keys>" ...: on the NeuronCores
     host_prefill: bool
 
     @property
@@ -43,34 +45,43 @@ class NeuronLayout:
 
     @property
     def compile_jobs(self) -> int:
-        """neuronx-cc runs at once: ModelBuilder compiles every bucket of every key in parallel."""
-        return len(self.device_graphs)
+        """neuronx-cc runs at once that hold the weights: ModelBuilder compiles every bucket of every
+        key in parallel, and a copy graph has none."""
+        return sum(not name.startswith("copy") for name in self.device_graphs)
 
 
-def neuron_layout(tp: int, prefill: str, buckets: tuple[int, ...], key_buckets: tuple[int, ...]) -> NeuronLayout:
+def neuron_layout(tp: int, prefill: str, buckets: tuple[int, ...], key_buckets: tuple[int, ...],
+                  batch: int) -> NeuronLayout:
     host = prefill == "host"
     graphs = (() if host else prefill_graphs(buckets, key_buckets)) + tuple(f"decode_{t}" for t in key_buckets)
-    return NeuronLayout(tp, graphs, host)
+    return NeuronLayout(tp, graphs + copy_graphs(batch, key_buckets), host)
 
 
 def parse_graph(name: str) -> tuple[str, int, int]:
     """"prefill_128_2048" -> ("prefill", 128, 2048): a chunk of 128 over 2,048 keys; "decode_2048" ->
-    ("decode", 1, 2048): one token per slot over 2,048 keys."""
+    ("decode", 1, 2048): one token per slot over 2,048 keys; "copy_2048" -> ("copy", 0, 2048): a
+    slot's first 2,048 positions into another, no query."""
     graph, *sizes = name.split("_")
-    return (graph, *map(int, sizes)) if graph == "prefill" else (graph, 1, int(sizes[0]))
+    if graph == "prefill":
+        return graph, int(sizes[0]), int(sizes[1])
+    return graph, int(graph == "decode"), int(sizes[0])
 
 
 def signature(geo: Geometry, name: str) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-    """Name, shape and dtype of each non-KV input of a graph by its name (prefill_<C>_<T>, decode_<T>),
-    from the geometry alone: what the host builds, what the neff was compiled for, and what
-    ModelBuilder routes a call by (the rows' widths tell the key buckets apart)."""
+    """Name, shape and dtype of each non-KV input of a graph by its name (prefill_<C>_<T>, decode_<T>,
+    copy_<T>), from the geometry alone: what the host builds, what the neff was compiled for, and what
+    ModelBuilder routes a call by (the widths of the rows, and of a copy's `held`, tell the key
+    buckets apart)."""
     graph, S, keys = parse_graph(name)
     B = geo.batch
-    rows = 1 if graph == "prefill" else B
-    queries = S if graph == "prefill" else B  # a mask-and-write row per chunk token, or per slot
-    shapes = {"hidden": (rows, S, geo.hidden), "ple": (rows, S, geo.num_layers, geo.ple_dim),
-              "rope": (rows, S, sum(2 * r.head_dim for r in geo.rope.values())), "last": (1, S), "slot": (B,)}
-    shapes |= {f"rows_{kind}": (queries, 2, min(keys, geo.span(kind))) for kind in geo.kinds}
+    if graph == "copy":
+        shapes = {"source": (B,), "target": (B,), "held": (keys,)}
+    else:
+        rows = 1 if graph == "prefill" else B
+        queries = S if graph == "prefill" else B  # a mask-and-write row per chunk token, or per slot
+        shapes = {"hidden": (rows, S, geo.hidden), "ple": (rows, S, geo.num_layers, geo.ple_dim),
+                  "rope": (rows, S, sum(2 * r.head_dim for r in geo.rope.values())), "last": (1, S), "slot": (B,)}
+        shapes |= {f"rows_{kind}": (queries, 2, min(keys, geo.span(kind))) for kind in geo.kinds}
     dtype = DTYPES[geo.dtype]
     return [(n, shapes[n], dtype) for n in geo.inputs[graph] if not n.startswith("kv")]
 

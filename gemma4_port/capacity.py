@@ -150,7 +150,8 @@ def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
     ranks = range(variant.tp)
     scores, rows = max(sizes.transient(variant.tp, r, variant) for r in ranks)
     return Footprint(
-        variant=variant, layout=neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets),
+        variant=variant, layout=neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets,
+                                             variant.batch),
         rank_weights=size * max(sizes.weights(variant.tp, r) for r in ranks),
         rank_kv=size * max(sizes.kv(variant.tp, r, variant.batch, variant.kv_max, sizes.ring(variant)) for r in ranks),
         rank_scores=4 * scores, rank_rows=size * rows,
@@ -249,8 +250,9 @@ SHORT = {"float32": "fp32", "bfloat16": "bf16"}
 
 
 def describe(layout: NeuronLayout) -> str:
-    n = len(layout.device_graphs)
-    return f"{n} decode (host prefill)" if layout.host_prefill else f"{n} graphs"
+    copies = len(layout.keys.get("copy", ()))
+    n = len(layout.device_graphs) - copies
+    return (f"{n} decode (host prefill)" if layout.host_prefill else f"{n} graphs") + (f" + {copies} copy" if copies else "")
 
 
 def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> None:
@@ -281,7 +283,7 @@ def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Fo
     console.print(
         "graphs: one NxD ModelBuilder model per variant, its prefill and decode buckets sharing one copy of each "
         "rank's weights per core; with host prefill the model is decode alone and the prompt is prefilled on the "
-        "host CPU.\n"
+        "host CPU; at batch > 1, + a fork's copy per key bucket (no weights).\n"
         "Counted on a core: every parameter and buffer of the rank's device graph (Gemma4Decoder of the "
         "sharding plan, built on the meta device): the decoder layers, lm_head (the tied embedding, copied "
         f"to the device), the PLE projection; plus the KV buffers: kv_max positions for a global layer, a ring "

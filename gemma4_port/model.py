@@ -325,6 +325,27 @@ class Gemma4Decoder(nn.Module):
                 for r, t in zip(read, kv)]
 
 
+def copy_slot(source, target, held, kv, kinds) -> list[torch.Tensor]:
+    """Slot `target`'s KV := slot `source`'s, in the positions a fork keeps: a global cache's first T
+    positions where `held` is 1 (the prompt; T the smallest key bucket holding it, so a short prompt's
+    fork costs T keys, not kv_max), a sliding ring whole (it is small, and a ring that has wrapped
+    holds the prompt's last window anywhere). The source rows are picked by a chain of selects, not a
+    one-hot product: bit for bit, -0.0 and non-finite values included; every other slot is untouched.
+    source, target (B,) one-hot; held (T,) 1 at each global position the fork keeps; kv and `kinds`
+    (each tensor's attention kind) as in prefill. Returns the new KV tensors."""
+    B, T = source.shape[0], held.shape[0]
+    keep = held.view(1, 1, T, 1) * target.view(B, 1, 1, 1)  # (B, 1, T, 1): target's held positions
+    whole = target.view(B, 1, 1, 1)  # (B, 1, 1, 1): target's every ring position
+    out = []
+    for t, kind in zip(kv, kinds):
+        part = t if kind == "sliding" else t[:, :, :T]  # (B, KVH, S, D), S the ring or T
+        row = part[0:1]  # (1, KVH, S, D)
+        for b in range(1, B):
+            row = torch.where(source[b] > 0, part[b:b + 1], row)  # (1, KVH, S, D)
+        out.append(write_one_hot(part, row, whole if kind == "sliding" else keep))  # (B, KVH, S, D)
+    return Gemma4Decoder.with_tail(out, kv)
+
+
 def ring_size(window: int, kv_max: int, buckets) -> int:
     """Positions a sliding layer keeps: the window, plus a chunk whose keys land before its queries
     read (a chunk's last write must not overwrite a key its first token still sees), capped at kv_max."""

@@ -2,11 +2,12 @@
 
 Every variant goes through NxD ModelBuilder, as NxD Inference builds its models: the prefill
 buckets and the decode buckets are keys of one model (decode alone when the prefill runs on the
-host), so each core holds one copy of its rank's weights for all of them, and the KV buffers are
-module state aliased to the outputs that update them (DeviceKV), so the cache never leaves the
-device. ModelBuilder traces rank 0 under a mocked distributed setup (no NeuronCore, no process
-group: it runs inside `docker build`), lowers the weights as inputs, and shards the checkpoint into
-one file per rank; at tp 2 the sharding plan's split linears become NxD parallel layers (nxd_plan).
+host; a weightless `copy` key for forks beside them at batch > 1), so each core holds one copy of
+its rank's weights for all of them, and the KV buffers are module state aliased to the outputs that
+update them (DeviceKV), so the cache never leaves the device. ModelBuilder traces rank 0 under a
+mocked distributed setup (no NeuronCore, no process group: it runs inside `docker build`), lowers
+the weights as inputs, and shards the checkpoint into one file per rank; at tp 2 the sharding
+plan's split linears become NxD parallel layers (nxd_plan).
 
 The pure pieces are tested on the CPU, the SDK calls against a stand-in built from the SDK's source
 (tests/support/neuron_sdk). The SDK is imported lazily, after `load_sdk` has named any missing
@@ -33,7 +34,7 @@ from contract.layout import HOST_KV, NXD_MODEL, NeuronLayout, neuron_layout, sig
 from contract.versions import installed_versions, pin_problems, require
 
 from .checkpoint import CheckpointReader, cache_root
-from .graphs import DecodeGraph, PrefillGraph
+from .graphs import CopyGraph, DecodeGraph, PrefillGraph
 from .lint import check_traced
 from .manifest import Manifest, Toolchain, Variant
 from .model import Gemma4Decoder, kv_shapes, ring_size
@@ -41,7 +42,7 @@ from .pipeline import Build, step
 from .sharding import SPLIT, ModelShard, ShardingError, shard_model
 from .tracing import CompileError, example_inputs, geometry, trace_quietly
 
-GRAPHS = {"prefill": PrefillGraph, "decode": DecodeGraph}
+GRAPHS = {"prefill": PrefillGraph, "decode": DecodeGraph, "copy": CopyGraph}
 DECODER = "graph.decoder."  # where Gemma4Decoder's tensors sit inside a DeviceKV module
 
 
@@ -202,10 +203,14 @@ class RankGraph:
 
         v, dtype = self.variant, DTYPES[self.variant.dtype]
         shard = shard_model(self.config, v.tp, parallel_state.get_tensor_model_parallel_rank())
-        decoder = empty_decoder(shard, dtype)
-        if v.tp > 1:
-            to_nxd(decoder, nxd_plan(shard), dtype)
-        load_buffers(decoder, CheckpointReader(self.ckpt))
+        if self.graph == "copy":  # no weights: the decoder only tells the copy its KV tensors' kinds
+            with torch.device("meta"):
+                decoder = Gemma4Decoder(shard, dtype)
+        else:
+            decoder = empty_decoder(shard, dtype)
+            if v.tp > 1:
+                to_nxd(decoder, nxd_plan(shard), dtype)
+            load_buffers(decoder, CheckpointReader(self.ckpt))
         ring = ring_size(shard.sliding_window, v.kv_max, v.buckets)
         self.module = DeviceKV(GRAPHS[self.graph](decoder), kv_shapes(shard, v.batch, v.kv_max, ring), dtype).eval()
 
@@ -274,7 +279,9 @@ def _model_builder(b: _Build, examples: dict[str, list[tuple]]) -> dict[str, str
 
     builder = ModelBuilder(router=None, tp_degree=b.variant.tp, compiler_workdir=str(b.workdir),
                            checkpoint_loader=partial(full_checkpoint, b.ckpt, b.config, b.dtype))
-    for key, inputs in examples.items():  # one model, a key per graph: they share weights and KV state
+    # One model, a key per graph: they share weights and KV state. ModelBuilder shards the checkpoint
+    # by the first key's module (model_builder.py shard_checkpoint), so the weightless copy comes last.
+    for key, inputs in examples.items():
         builder.add(key=key, model_instance=RankGraph(b.ckpt, b.config, b.variant, key), example_inputs=inputs,
                     compiler_args=" ".join(b.compiler_args))
     model = builder.trace(initialize_model_weights=False)  # no NeuronCore needed on the build host
@@ -308,7 +315,7 @@ class NeuronGraphs:
 
     def __init__(self, manifest: Manifest, variant: Variant):
         self.manifest, self.variant = manifest, variant
-        self.layout = neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets)
+        self.layout = neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets, variant.batch)
 
     def check(self) -> dict[str, str]:
         # ModelBuilder compiles through neuron_xla_compile with its persistent cache, keyed by the HLO

@@ -11,14 +11,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from contract.artifact import Geometry, Rope, prefill_graphs
+from contract.artifact import Geometry, Rope, copy_graphs, prefill_graphs
 from contract.dtypes import DTYPES
 from contract.errors import Gemma4Error
 from contract.hostside import HostInputs, scaled_tables
 from contract.layout import parse_graph
 
 from .checkpoint import CheckpointReader
-from .graphs import DecodeGraph, PrefillGraph, input_names
+from .graphs import CopyGraph, DecodeGraph, PrefillGraph, input_names
 from .lint import check_traced
 from .manifest import Variant
 from .model import Gemma4Decoder, kinds_present, kv_kinds, kv_shapes, ring_size
@@ -58,7 +58,7 @@ def geometry(config, shard: ModelShard, variant: Variant) -> Geometry:
         embed_scale=math.sqrt(shard.hidden), ple_scale=math.sqrt(shard.ple_dim) if shard.ple_dim else 1.0,
         softcap=config.final_logit_softcapping, dtype=variant.dtype, batch=variant.batch,
         buckets=variant.buckets, key_buckets=variant.kv_buckets, tp=variant.tp, prefill=variant.prefill,
-        inputs={g: tuple(input_names(shard, g)) for g in ("prefill", "decode")},
+        inputs={g: tuple(input_names(shard, g)) for g in ("prefill", "decode", "copy")},
     )
 
 
@@ -91,18 +91,23 @@ def host_tables(reader: CheckpointReader, geo: Geometry, rows: int | None = None
 
 
 def example_inputs(host: HostInputs, geo: Geometry, name: str):
-    """The example inputs of a graph by name: prefill_<C>_<T> (a chunk of C over T keys) or decode_<T>."""
+    """The example inputs of a graph by name: prefill_<C>_<T> (a chunk of C over T keys), decode_<T>
+    or copy_<T>."""
     dtype = DTYPES[geo.dtype]
     kv = tuple(torch.zeros(s, dtype=dtype) for s in geo.kv_shapes)
     graph, bucket, keys = parse_graph(name)
     if graph == "prefill":
         return host.prefill([EXAMPLE_TOKEN] * max(1, bucket // 2), bucket, 0, kv, keys=keys)
+    if graph == "copy":
+        return host.copy(0, 1, keys, keys, kv)
     return host.decode([EXAMPLE_TOKEN] * geo.batch, [0] * geo.batch, kv, keys=keys)
 
 
 def graph_names(geo: Geometry) -> tuple[str, ...]:
-    """Every graph of a variant: prefill_<C>_<T> per chunk bucket and key bucket that holds it, decode_<T>."""
-    return prefill_graphs(geo.buckets, geo.key_buckets) + tuple(f"decode_{t}" for t in geo.key_buckets)
+    """Every graph of a variant: prefill_<C>_<T> per chunk bucket and key bucket that holds it,
+    decode_<T>, and copy_<T> at batch > 1."""
+    return (prefill_graphs(geo.buckets, geo.key_buckets) + tuple(f"decode_{t}" for t in geo.key_buckets)
+            + copy_graphs(geo.batch, geo.key_buckets))
 
 
 def trace_quietly(trace, *args, **kwargs):
@@ -114,11 +119,12 @@ def trace_quietly(trace, *args, **kwargs):
 
 
 def trace_cpu(decoder: Gemma4Decoder, host: HostInputs, geo: Geometry, folder: Path, prefix: str = "") -> dict:
-    """TorchScript graphs, one prefill per chunk bucket and key bucket that holds it and one decode per
-    key bucket, each traced at its own shape, as methods of one module saved in one file: they share
-    one copy of the weights in RAM."""
+    """TorchScript graphs, one prefill per chunk bucket and key bucket that holds it, one decode (and
+    at batch > 1 one copy) per key bucket, each traced at its own shape, as methods of one module
+    saved in one file: they share one copy of the weights in RAM."""
     graphs = nn.Module()
     graphs.prefill, graphs.decode = PrefillGraph(decoder).eval(), DecodeGraph(decoder).eval()
+    graphs.copy = CopyGraph(decoder).eval()
     methods = graph_names(geo)
     for name in methods:
         setattr(graphs, name, getattr(graphs, parse_graph(name)[0]).forward)  # trace_module traces methods by name

@@ -358,21 +358,12 @@ class Engine:
     # -- scheduling (engine thread only) ---------------------------------------------------------
     def _admit(self) -> None:
         """Give waiting jobs to free slots (their prompts prefill in the steps that follow, or they
-        fork another choice's slot and decode at once); block briefly for work only when nothing runs.
-        A choice whose prompt another choice is prefilling waits for it, and so does the queue."""
+        fork another choice's slot and decode at once); block briefly for work only when nothing runs."""
         runner = self.model.runner
         while free := sorted((s for s in runner.slots if s.free), key=lambda s: s.released):
-            if not self._choices:
-                try:
-                    self._choices.extend(self._queue.get_nowait() if self._busy()
-                                         else self._queue.get(timeout=IDLE_POLL_S))
-                except queue.Empty:
-                    return
-            job = self._choices[0]
-            source = None if job.cancelled else self._fork_source(job)
-            if source == WAIT:
+            if (ready := self._next_choice()) is None:
                 return
-            self._choices.popleft()
+            job, source = ready
             logits = None if job.first is None else job.first.logits
             if job.first is not None:
                 job.first.waiting -= 1
@@ -394,19 +385,37 @@ class Engine:
             runner.slots[slot].request = live
             runner.start(slot, job.prefill, reused)
 
+    def _next_choice(self) -> tuple[Job, int | None] | None:
+        """The first waiting choice that can start now, taken out of the line, and the slot it forks
+        (None: it prefills). A choice whose prompt another choice is prefilling stays in line, and the
+        requests behind it go first: it forks later from any slot that holds the prompt."""
+        i = 0
+        while True:
+            if i == len(self._choices):
+                try:
+                    self._choices.extend(self._queue.get_nowait() if self._busy()
+                                         else self._queue.get(timeout=IDLE_POLL_S))
+                except queue.Empty:
+                    return None
+            job = self._choices[i]
+            source = None if job.cancelled else self._fork_source(job)
+            if source != WAIT:
+                del self._choices[i]
+                return job, source
+            i += 1
+
     def _fork_source(self, job: Job) -> int | None:
         """For another choice of a request whose prompt's logits are kept: the slot to copy, the one
         holding the prompt with the fewest positions past it, a free one first (used where it is, no
         copy); None to prefill (none holds it, or n = 1); WAIT while a choice prefills it.
-        Without prefix reuse only the slots serving the request's choices count; without fork_copy
-        only a free one, used where it is (so waiting for another choice's prefill gains nothing)."""
-        first, slots, copy = job.first, self.model.runner.slots, self.settings.fork_copy
+        Without prefix reuse only the slots serving the request's choices count."""
+        first, slots = job.first, self.model.runner.slots
         if first is None:
             return None
         if first.logits is None:
-            mine = copy and any(s.state is SlotState.PREFILLING and s.request.job.first is first for s in slots)
+            mine = any(s.state is SlotState.PREFILLING and s.request.job.first is first for s in slots)
             return WAIT if mine else None
-        held = [s for s in slots if s.state is not SlotState.PREFILLING and (copy or s.free)
+        held = [s for s in slots if s.state is not SlotState.PREFILLING
                 and forkable(self.geometry, s.tokens, job.prompt, s.reach)
                 and (self.settings.prefix_reuse or (not s.free and s.request.job.first is first))]
         best = min(held, key=lambda s: (not s.free, len(s.tokens)), default=None)

@@ -25,7 +25,6 @@ ENV = {
     "port": "GEMMA4_PORT",
     "prefix_reuse": "GEMMA4_PREFIX_REUSE",
     "prefill_chunks_per_step": "GEMMA4_PREFILL_CHUNKS_PER_STEP",
-    "fork_copy": "GEMMA4_FORK_COPY",
 }
 
 
@@ -44,7 +43,6 @@ class Settings(BaseModel):
     model_name: str | None = None  # default: the artifact's manifest name
     prefix_reuse: bool = True  # a request keeps the KV of a retained slot that shares its prefix
     prefill_chunks_per_step: int = Field(default=1, ge=0)  # prompt chunks between decode steps; 0 = whole prompts
-    fork_copy: bool = True  # a choice of an n > 1 request may copy another slot's KV of the prompt (else prefill it)
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=1, le=65535)
 

@@ -379,6 +379,28 @@ def test_n_seeded_choices_differ_reproduce_and_are_what_their_seeds_give_alone(b
     assert [run(b4, ids, 10, sampled, seed=40 + i)[0] for i in range(3)] == first
 
 
+def test_a_request_behind_choices_waiting_for_their_prompt_takes_a_free_slot_meanwhile(b4, recorder, monkeypatch):
+    """n = 3 on a two-chunk prompt: while its first choice prefills, the other two wait for its KV and
+    the request queued behind them prefills beside it in a free slot; the two then fork (copy graph,
+    no prefill) and every text is the reference's."""
+    wait_idle(b4)
+    backend = b4.model.runner.backend
+    gate, prefill, copies = threading.Event(), backend.prefill, []
+    monkeypatch.setattr(backend, "prefill", lambda *args: (gate.wait(30), prefill(*args))[1])
+    monkeypatch.setattr(backend, "copy", lambda keys, inputs, copy=backend.copy: (copies.append(keys), copy(keys, inputs))[1])
+    ids, other = _random(40, 12), _random(12, 13)  # 40 tokens: chunks of 32 and 8 (buckets 16, 32)
+    forks, _ = _forks(b4)
+    calls = len(recorder)
+    job = b4.submit(Job(ids, 6, GREEDY), 3)
+    behind = b4.submit(Job(other, 6, GREEDY))  # while the first choice's first chunk is held at the gate
+    gate.set()
+    assert _choices(job, 3) == [_reference(b4, ids, 6)] * 3 and collect(behind)[0] == _reference(b4, other, 6)
+    prefills = [states for graph, states in recorder[calls:] if graph == "prefill"]
+    assert len(prefills) == 3 and max(states.count("prefilling chunk 0") + states.count("prefilling chunk 1")
+                                      for states in prefills) == 2
+    assert _forks(b4)[0] == forks + 2 and copies == [64, 64]  # 40 positions: the copy over 64 keys
+
+
 def test_more_choices_than_slots_fork_when_a_slot_frees_or_prefill_past_the_ring(b4, recorder):
     """Six choices on four slots: the last two wait for a slot and fork a finished choice's retained
     KV (no prefill). With 40 tokens each the finished choices' sliding rings (40 positions, window 8)
@@ -441,18 +463,3 @@ def test_n_choices_on_one_slot_run_one_after_another_from_the_retained_prompt(co
         ids = _random(14, 10)
         assert _choices(engine.submit(Job(ids, 6, GREEDY), 3), 3) == [_reference(engine, ids, 6)] * 3
         assert [graph for graph, _ in seen].count("prefill") == 1 and _forks(engine) == (2, 28)
-
-
-def test_without_fork_copy_choices_prefill_beside_each_other_and_only_take_a_freed_slot_as_it_is(compiled):
-    """GEMMA4_FORK_COPY=false (a backend whose copy costs more than a prefill): no slot's KV is ever
-    copied; six choices on four slots prefill four times, and the last two decode on from the
-    prompt that finished choices left in their slots."""
-    with running(Settings(artifact=compiled("tiny-e2b", "b4"), fork_copy=False)) as engine:
-        assert engine.wait(300) is State.READY, engine.reason
-        seen, recorded = _calls(engine)
-        backend = engine.model.runner.backend
-        backend.prefill, backend.copy_slot = recorded("prefill", backend.prefill), recorded("copy", backend.copy_slot)
-        ids = _random(10, 11)
-        assert _choices(engine.submit(Job(ids, 6, GREEDY), 6), 6) == [_reference(engine, ids, 6)] * 6
-        graphs = [graph for graph, _ in seen]
-        assert (graphs.count("prefill"), graphs.count("copy"), _forks(engine)) == (4, 0, (2, 20))

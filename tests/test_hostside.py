@@ -101,3 +101,14 @@ def test_chunk_inputs_are_the_rows_of_their_definition():
     assert torch.equal(named["last"][0], torch.nn.functional.one_hot(torch.tensor(n - 1), bucket).float())
     with pytest.raises(ValueError, match="does not fit kv_max"):
         host.prefill([1] * 9, 16, 0, start=geo.kv_max - 8)
+
+
+def test_copy_inputs_name_the_slots_and_the_kept_positions_and_refuse_what_has_no_graph():
+    *_, geo, _, host = setup("tiny-e2b", "b4")
+    named = dict(zip(geo.inputs["copy"], host.copy(2, 0, 20, 32)))
+    assert named["source"].tolist() == [0, 0, 1, 0] and named["target"].tolist() == [1, 0, 0, 0]
+    assert named["held"].tolist() == [1] * 20 + [0] * 12  # (T,): the prompt's positions of copy_32
+    with pytest.raises(ValueError, match=r"from one slot to another of 0 \.\. 3, not 1 -> 1"):
+        host.copy(1, 1, 5, 32)
+    with pytest.raises(ValueError, match=r"a copy of 33 positions has no graph over 32 keys; .* \(32, 64\)"):
+        host.copy(0, 1, 33, 32)

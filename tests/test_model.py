@@ -8,13 +8,14 @@ from contract.greedy import softcap
 from gemma4_port.checkpoint import CheckpointReader
 from gemma4_port.graphs import DecodeGraph, PrefillGraph
 from gemma4_port.lint import check_traced
-from gemma4_port.model import Gemma4Decoder, WeightError
+from gemma4_port.model import Gemma4Decoder, WeightError, copy_slot
 from gemma4_port.reference import load_reference, reference_greedy
 from gemma4_port.tracing import trace_quietly
 from runtime.model.prefix import reusable_prefix
 from runtime.model.runner import chunks
 
 from support.builds import setup
+from support.copies import check_copied, planted_kv
 
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
 CHUNK_TOL = 2e-3
@@ -268,3 +269,18 @@ def test_what_the_reuse_rule_refuses_would_read_overwritten_keys():
     forced, _ = _prefill_all(graph, host, new, 0, kv, start=20)
     fresh, _ = _prefill_all(graph, host, new, 0, empty)
     assert float((forced - fresh).abs().max()) > 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_slot_copy_carries_the_sources_bits_in_the_kept_positions_and_nothing_else(dtype):
+    """Global caches up to `keep` of the T positions the copy reads, sliding rings whole; -0.0, inf
+    and NaN arrive as they were (a one-hot product would turn -0.0 into 0.0 and spread NaN)."""
+    kinds = ("sliding", "sliding", "full", "full")
+    shapes = [(4, 2, 24, 8)] * 2 + [(4, 1, 64, 16)] * 2  # (B, KVH, S, D): a ring of 24, kv_max 64
+    kv = planted_kv(shapes, dtype)
+    for source, target, keep, T in ((2, 0, 5, 16), (0, 3, 16, 16), (3, 1, 40, 64), (1, 2, 64, 64)):
+        one_hot = torch.nn.functional.one_hot
+        held = (torch.arange(T) < keep).to(dtype)  # (T,)
+        out = copy_slot(one_hot(torch.tensor(source), 4).to(dtype), one_hot(torch.tensor(target), 4).to(dtype),
+                        held, kv, kinds)
+        check_copied(kv, out, kinds, source, target, keep)

@@ -12,7 +12,7 @@ import torch
 from contract.hostside import HostInputs
 from contract.layout import KV_STATE, neuron_layout, signature
 from gemma4_port.configs import text_config_for
-from gemma4_port.graphs import DecodeGraph, PrefillGraph
+from gemma4_port.graphs import CopyGraph, DecodeGraph, PrefillGraph
 from gemma4_port.manifest import load_manifest
 from gemma4_port.model import Gemma4Decoder, kv_shapes
 from gemma4_port.neuron import (
@@ -24,6 +24,7 @@ from gemma4_port.tracing import CompileError
 
 from support import ROOT
 from support.builds import started
+from support.copies import check_copied
 
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
 REAL = ["gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b"]
@@ -83,6 +84,20 @@ def test_prefill_alias_updates_one_slot_and_keeps_the_others():
         assert torch.equal(new[[0, 1, 3]], old[i][[0, 1, 3]]) and not torch.equal(new[2], old[i][2])
 
 
+@torch.no_grad()
+def test_copy_alias_writes_the_target_slot_and_the_copy_key_holds_no_weights():
+    folder, config, reader, v, geo, host = _tiny("tiny-e2b", "b4")
+    with torch.device("meta"):  # as RankGraph builds the copy key: the decoder only names the kinds
+        decoder = Gemma4Decoder(shard_model(config), torch.float32)
+    module = DeviceKV(CopyGraph(decoder), geo.kv_shapes, torch.float32)
+    _random_kv(module, 2)
+    old = [p.clone() for p in module.kv]
+    out = module(*host.copy(3, 1, 20, 32))
+    assert sorted(module.aliases().values()) == list(range(1, len(out)))  # output 0 only for NxD's packer
+    assert [n for n, _ in module.named_parameters()] == [f"kv.{i}" for i in range(len(geo.kv_shapes))]
+    check_copied(old, [out[module.aliases()[p]] for p in module.kv], geo.kv_kinds, 3, 1, 20)
+
+
 @pytest.mark.parametrize("name", TINY + REAL)
 def test_nxd_layers_of_each_rank_match_the_sharding_plan(name):
     config = text_config_for(load_manifest(ROOT / f"manifests/{name}.yaml"))
@@ -114,7 +129,7 @@ def test_nxd_layers_of_each_rank_match_the_sharding_plan(name):
                                           ("tiny-12b", "tp2"), ("tiny-12b", "chunks-tp2")])
 def test_example_inputs_match_the_graph_signatures(name, variant):
     folder, config, reader, v, geo, host = _tiny(name, variant)
-    layout = neuron_layout(v.tp, v.prefill, v.buckets, v.kv_buckets)
+    layout = neuron_layout(v.tp, v.prefill, v.buckets, v.kv_buckets, v.batch)
     routes = set()
     for graph in layout.device_graphs:
         inputs = graph_inputs(host, geo, graph)

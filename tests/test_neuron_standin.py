@@ -1,7 +1,7 @@
 """The Neuron SDK stand-in behaves as the SDK's source says (tests/support/neuron_sdk), on a toy
 two-rank model: the traced executor's fixed arity, routing by input shapes, the uninitialised
-refusal, per-rank state that the bucket updates in place and a reset replaces, the sharded
-checkpoint files, the compiler flags ModelBuilder adds, and a save/load in a fresh process."""
+refusal, per-rank state that the bucket updates in place and a reset replaces, one output packer
+for every key, the sharded checkpoint files, the compiler flags ModelBuilder adds, and a save/load in a fresh process."""
 
 import pytest
 from support.sdk import run_python
@@ -44,7 +44,24 @@ torch.jit.save(builder.trace(initialize_model_weights=False), out + "/model.pt")
 shards = builder.shard_checkpoint(out + "/weights")
 torch.save(full, out + "/full.pt")
 flags = {k: open(f"{out}/work/{k}/_tp0_bk0/compiler_flags.txt").read().split() for k in ("prefill", "decode")}
-report({"traced_as_rank": prefill.rank, "flags": flags, "shards": [sorted(s) for s in shards]})
+
+class StateOnly(Instance):  # every output aliased: nothing for the packer traced from the first key
+    def load_module(self):
+        super().load_module()
+        self.module.forward = lambda x, *unused: (self.module.kv[0] + 1,)
+
+    def get(self, bucket, **_):
+        return self.module, {self.module.kv[0]: 0}
+
+odd = ModelBuilder(None, 2, lambda: dict(full), compiler_workdir=out + "/odd")
+odd.add("decode", Instance(), [(torch.ones(2, 4),)])
+odd.add("copy", StateOnly(), [(torch.ones(4),)])
+try:
+    odd.trace(initialize_model_weights=False)
+    packer = None
+except NotImplementedError as exc:
+    packer = str(exc)
+report({"traced_as_rank": prefill.rank, "flags": flags, "shards": [sorted(s) for s in shards], "packer": packer})
 """
 
 PROBE = r"""
@@ -105,6 +122,11 @@ def test_model_builder_traces_rank_0_and_adds_its_default_flags(toy):
     # append_default_compiler_flags: --auto-cast kept as given (with a warning), -O1 added when absent
     assert built["flags"]["prefill"] == ["--auto-cast", "all", "-O1"]
     assert built["flags"]["decode"] == ["--model-type=transformer", "-O2", "--auto-cast=none"]
+
+
+def test_every_key_gives_as_many_unaliased_outputs_as_the_first_keys_packer_takes(toy):
+    built, _, _ = toy  # model_builder.py build_packer: one packer, traced from the first key's outputs
+    assert "['copy_0'] give another number of unaliased outputs than the first key's 1" in built["packer"]
 
 
 def test_sharded_checkpoint_files_hold_each_ranks_slice(toy):

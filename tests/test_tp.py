@@ -12,6 +12,7 @@ import torch
 
 from contract.artifact import load_meta
 from contract.dtypes import DTYPES
+from contract.hostside import HostInputs, HostTables
 from contract.ranks import TensorParallelError
 from gemma4_port.checkpoint import CheckpointReader, read_text_config
 from gemma4_port.model import kv_shapes
@@ -19,6 +20,7 @@ from gemma4_port.sharding import REPLICATED, SPLIT, shard_model
 from runtime.model.loader import load_artifact
 
 from support.cli import verify
+from support.copies import check_copied, planted_kv
 from support.processes import gone
 
 # One compile per tiny manifest; tiny-e4b is checked at bf16 with two batch slots.
@@ -43,7 +45,8 @@ def test_tp2_compiles_and_verifies_token_for_token(compiled, name, variant):
     folder = compiled(name, variant)
     meta = load_meta(folder)
     assert meta.geometry.tp == 2
-    assert set(meta.graphs) == {f"rank{r}/{g}" for r in (0, 1) for g in ("prefill_16_64", "prefill_32_64", "decode_64")}
+    graphs = ("prefill_16_64", "prefill_32_64", "decode_64") + (("copy_64",) if meta.geometry.batch > 1 else ())
+    assert set(meta.graphs) == {f"rank{r}/{g}" for r in (0, 1) for g in graphs}
     result = verify(folder)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
@@ -99,13 +102,14 @@ def test_each_rank_holds_half_of_the_sharded_weights_and_its_own_kv(compiled, na
 
 @pytest.mark.parametrize("name, variant", CASES)
 def test_the_saved_rank_graphs_carry_the_all_reduce(compiled, name, variant):
-    """Two per layer (after o_proj and after down_proj), recorded in the graph file itself."""
+    """Two per layer (after o_proj and after down_proj), recorded in the graph file itself; none in a
+    fork's copy, which moves each rank's own heads."""
     folder = compiled(name, variant)
     meta = load_meta(folder)
     for key, rel in meta.graphs.items():
         graph = getattr(torch.jit.load(str(folder / rel)), key.partition("/")[2]).inlined_graph
         reduces = [n for n in graph.nodes() if n.kind() == "gemma4_tp::all_reduce"]
-        assert len(reduces) == 2 * meta.geometry.num_layers, key
+        assert len(reduces) == (0 if "/copy_" in key else 2 * meta.geometry.num_layers), key
 
 
 def test_the_backend_resets_and_closes_cleanly(compiled):
@@ -144,6 +148,22 @@ def test_a_fork_copies_every_ranks_own_kv(compiled):
         assert got == want
     finally:
         model.close()
+
+
+def test_each_ranks_copy_graphs_copy_its_own_heads_bit_for_bit(compiled):
+    """Every rank has its own copy_<T> per key bucket, over its own KV shapes (no all-reduce: it runs
+    outside the rank group too)."""
+    folder = compiled("tiny-12b", "chunks-tp2")
+    meta = load_meta(folder)
+    geo = meta.geometry
+    host = HostInputs(geo, HostTables(folder, geo))
+    for rank in range(geo.tp):
+        graphs = torch.jit.load(str(folder / meta.graphs[f"rank{rank}/copy_{geo.kv_max}"]))
+        kv = planted_kv(geo.kv_shapes, DTYPES[geo.dtype], seed=rank)
+        for keep in (3, 16, 17, 64):
+            T = next(t for t in geo.key_buckets if keep <= t)
+            _, *out = getattr(graphs, f"copy_{T}")(*host.copy(1, 0, keep, T), *kv)
+            check_copied(kv, out, geo.kv_kinds, 1, 0, keep)
 
 
 def test_a_killed_rank_is_a_clear_error_not_a_hang(compiled):

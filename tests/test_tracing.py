@@ -6,11 +6,13 @@ from pathlib import Path
 import torch
 
 from contract.artifact import load_meta
-from contract.hostside import HostInputs
+from contract.dtypes import DTYPES
+from contract.hostside import HostInputs, HostTables
 from gemma4_port.checkpoint import CheckpointReader
 from gemma4_port.tracing import EXAMPLE_TOKEN, example_inputs, host_tables
 
 from support.builds import setup
+from support.copies import check_copied, planted_kv
 
 
 def test_cpu_graphs_are_methods_of_one_module_sharing_one_copy_of_the_weights(compiled):
@@ -18,13 +20,13 @@ def test_cpu_graphs_are_methods_of_one_module_sharing_one_copy_of_the_weights(co
     meta = load_meta(folder)
     # a prefill per chunk bucket and key bucket that holds it: 16 over 32 or 64 keys, 32 over 32 or 64
     assert set(meta.graphs) == {"prefill_16_32", "prefill_16_64", "prefill_32_32", "prefill_32_64", "decode_32",
-                                "decode_64"}
+                                "decode_64", "copy_32", "copy_64"}  # a fork's copy per key bucket (batch 4)
     assert set(meta.graphs.values()) == {"graphs/graphs.pt"}
     state = torch.jit.load(str(folder / "graphs/graphs.pt")).state_dict()
     weight = "decoder.layers.0.mlp.up_proj.weight"
     assert state[f"prefill.{weight}"].data_ptr() == state[f"decode.{weight}"].data_ptr()
     checkpoint = (Path(meta.checkpoint) / "model.safetensors").stat().st_size
-    # one copy, not one per graph (six graphs: their code adds ~0.1 MB each)
+    # one copy, not one per graph (eight graphs: their code adds ~0.1 MB each)
     assert (folder / "graphs/graphs.pt").stat().st_size < 1.5 * checkpoint
 
 
@@ -35,3 +37,18 @@ def test_a_tp_rank_traces_from_the_rows_its_example_inputs_look_up():
     for name in ("prefill_16_32", "decode_32"):
         for a, b in zip(example_inputs(few, geo, name), example_inputs(host, geo, name)):
             assert torch.equal(a, b)
+
+
+def test_the_traced_copy_graphs_copy_a_slot_bit_for_bit_and_batch_1_has_none(compiled):
+    """copy_<T> as saved, at each key bucket; a batch-1 artifact forks in place and has no copy graph."""
+    folder = compiled("tiny-e2b", "b4")
+    meta = load_meta(folder)
+    geo = meta.geometry
+    graphs = torch.jit.load(str(folder / "graphs/graphs.pt"))
+    host = HostInputs(geo, HostTables(folder, geo))
+    kv = planted_kv(geo.kv_shapes, DTYPES[geo.dtype])
+    for source, target, keep in ((1, 3, 9), (3, 0, 32), (0, 2, 33), (2, 1, 63)):
+        T = next(t for t in geo.key_buckets if keep <= t)
+        _, *out = getattr(graphs, f"copy_{T}")(*host.copy(source, target, keep, T), *kv)
+        check_copied(kv, out, geo.kv_kinds, source, target, keep)
+    assert not [g for g in load_meta(compiled("tiny-e2b", "fp32")).graphs if g.startswith("copy")]

@@ -38,9 +38,8 @@ class CpuBackend:
     def decode(self, keys: int, inputs) -> torch.Tensor:
         return self._run(f"decode_{keys}", inputs)
 
-    def copy_slot(self, src: int, dst: int) -> None:
-        for t in self.kv:  # (B, KVH, S, D): whole rows, the ring's slots included
-            t[dst] = t[src]
+    def copy(self, keys: int, inputs) -> None:
+        self._run(f"copy_{keys}", inputs)
 
     def close(self) -> None:
         self.graphs.clear()

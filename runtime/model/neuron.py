@@ -2,7 +2,8 @@
 
 Every variant is built the same way (contract/layout.py): the prefill buckets and the decode
 buckets are keys of one model, so each core holds one copy of its rank's weights, shared by every
-bucket, and the KV buffers are the model's aliased state that never leaves the device. The model
+bucket, and the KV buffers are the model's aliased state that never leaves the device (a fork's
+copy is a key of its own). The model
 is called through `nxd_model.forward(list_of_tensors)`, which routes a call to its bucket by the
 input shapes: the traced top-level module only takes the arity of the last key's example (NxD
 trace/spmd.py and model_builder.py build_nxd_model, tag v2.28.0). With `prefill: host` the model
@@ -78,17 +79,6 @@ class ResidentKV:
             for dst, src in zip(rank, rank_values, strict=True):
                 dst.copy_(src)  # into the device buffer, as NxD writes a state buffer
 
-    def copy_slot(self, src: int, dst: int) -> None:
-        """Slot dst's KV := slot src's, on every rank. NxD's own buffer calls read and write a state
-        buffer whole (nxd_model.py read_from_neuron_buffer; write_to_neuron_buffer refuses another
-        shape) and its source never writes into a slice of a device tensor, so the whole state makes
-        a host round trip and only row dst changes."""
-        values = self.read()
-        for rank in values:
-            for t in rank:  # (B, KVH, S, D)
-                t[dst] = t[src]
-        self.write(values)
-
 
 class _HostPrefill:
     """`prefill: host`: the whole model prefills on the host CPU; its KV goes into the model's state."""
@@ -109,14 +99,14 @@ class _HostPrefill:
 
 class NeuronBackend:
     """The runner's Backend on NeuronCores: inputs come without KV, which never leaves the device
-    except through a host prefill or a slot copy."""
+    except through a host prefill."""
 
     def __init__(self, folder: Path, meta: ArtifactMeta):
         check_versions(meta.versions, installed_versions())  # before anything touches a NeuronCore
         check_driver(meta.manifest["toolchain"].get("neuron_driver"))
         torch.set_grad_enabled(False)
         folder, geo = Path(folder), meta.geometry
-        self.layout = neuron_layout(geo.tp, geo.prefill, geo.buckets, geo.key_buckets)
+        self.layout = neuron_layout(geo.tp, geo.prefill, geo.buckets, geo.key_buckets, geo.batch)
         self.cores = rank_cores(geo.tp)
         torch_neuronx = require("torch_neuronx", "torch-neuronx", meta.versions.get("torch-neuronx"))
         require("neuronx_distributed", "neuronx-distributed", meta.versions.get("neuronx-distributed"))
@@ -145,8 +135,8 @@ class NeuronBackend:
     def decode(self, keys: int, inputs) -> torch.Tensor:
         return self._run(inputs)
 
-    def copy_slot(self, src: int, dst: int) -> None:
-        self.kv.copy_slot(src, dst)
+    def copy(self, keys: int, inputs) -> None:
+        self._run(inputs)  # the copy key: the KV stays on the device, with a prefill on the host too
 
     def reset(self) -> None:
         self.kv.zero()

@@ -22,7 +22,7 @@ class Backend(Protocol):
 
     def prefill(self, bucket: int, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
     def decode(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
-    def copy_slot(self, src: int, dst: int) -> None: ...  # slot dst's KV := slot src's, every position
+    def copy(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> None: ...  # a fork's KV copy, on the device
     def reset(self) -> None: ...
     def close(self) -> None: ...
 
@@ -102,8 +102,8 @@ class ModelRunner:
 
     def fork(self, src: int, dst: int, keep: int | None = None) -> None:
         """Make free slot `dst` decode on from the first `keep` positions (default: all) that slot
-        `src` holds, without a prefill: the backend copies src's KV into dst (nothing to copy when they
-        are the same retained slot). src must have finished its prefill, and a src that went on past
+        `src` holds, without a prefill: the copy graph over the smallest key bucket holding them copies
+        src's KV into dst (nothing to copy when they are the same retained slot). src must have finished its prefill, and a src that went on past
         `keep` only as far as its sliding ring still holds the positions dst reads (the reuse rule)."""
         s, d = self.slots[src], self.slots[dst]
         if s.state is SlotState.PREFILLING or not s.tokens:
@@ -119,7 +119,8 @@ class ModelRunner:
                 f"written there ({s.reach - 1}: its sliding ring of {self.geo.ring} has overwritten older keys)"
                 if ring else "") + f", not {keep}")
         if src != dst:
-            self.backend.copy_slot(src, dst)
+            keys = self.keys_for(keep - 1)
+            self.backend.copy(keys, self.host.copy(src, dst, keep, keys))
         d.forked(s.tokens[:keep], s.reach)
 
     def reusable(self, slot: int, ids: list[int]) -> int:

@@ -43,8 +43,8 @@ class CpuTensorParallelBackend:
     def decode(self, keys: int, inputs) -> torch.Tensor:
         return self.group.call("decode", keys, inputs)[0]
 
-    def copy_slot(self, src: int, dst: int) -> None:
-        self.group.call("copy_slot", src, dst)  # each rank copies its own heads
+    def copy(self, keys: int, inputs) -> None:
+        self.group.call("copy", keys, inputs)  # each rank copies its own heads
 
     def reset(self) -> None:
         self.group.call("reset")

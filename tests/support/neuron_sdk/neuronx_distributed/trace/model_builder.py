@@ -11,7 +11,8 @@ Modelled on src/neuronx_distributed/trace/model_builder.py at tag v2.28.0:
   and its aliased parameters as state. build_nxd_model(): input_shape_map maps
   str([list(shape) ...]) of every key's every example to (key, bucket); the state initializer comes
   from the first key; the executor is torch.jit.trace'd with `example_inputs[0]` of the key added
-  last. With initialize_model_weights it shards into compiler_workdir and initialises the model.
+  last; one output packer for every key, traced from the first key's first bucket's outputs that no
+  state aliases (build_packer): a bucket with another number of them is not modelled (raises). With initialize_model_weights it shards into compiler_workdir and initialises the model.
 - shard_checkpoint(serialize_path): the first key's instance, checkpoint_loader(), keys absent from
   the module's state_dict dropped (trace.py preprocess_checkpoint), tensors cast to the parameter
   dtype (cast_weights), each tensor-parallel parameter cut to chunk `rank` of its partition_dim
@@ -119,6 +120,7 @@ class _Lowered:
         buf = io.BytesIO()
         torch.jit.save(traced, buf)
         self.neff = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+        self.outputs = len(outputs) - len(self.aliased)  # what the packer packs
         self.input_types = [torch.empty(0, dtype=t.dtype) for t in example_inputs]
 
 
@@ -156,6 +158,11 @@ class ModelBuilder:
                         state = (names, [torch.zeros(params[n].shape, dtype=params[n].dtype) for n in names])
                     lowered[(key, bucket)] = _Lowered(module, aliases, example, state[0])
                     self._record(key, bucket, flags)
+        packed = next(iter(lowered.values())).outputs
+        odd = [f"{k}_{b}" for (k, b), low in lowered.items() if low.outputs != packed]
+        if odd:
+            raise NotImplementedError(f"{odd} give another number of unaliased outputs than the first key's "
+                                      f"{packed}, which its one packer is traced from: not modelled")
         shape_map = {}
         for (key, bucket), _ in lowered.items():
             example = self.model_collection[key][1][bucket]

@@ -16,6 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from contract.artifact import ArtifactError, write_raw
@@ -93,6 +94,32 @@ def test_graph_writes_land_in_the_kv_tensors_the_backend_holds(neuron_compiled, 
     backend.reset()
     assert all(float(t.cpu().abs().sum()) == 0 for rank in backend.kv.ranks for t in rank)
     assert runner.greedy([9, 10, 11, 12, 13], 6)[0] == first
+    model.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,variant,change", [CASES[1], CASES[4]])
+def test_a_fork_copies_on_the_cores_and_decodes_as_a_prefill_does(neuron_compiled, name, variant, change):
+    """The copy key on the NeuronCores (device prefill, and host prefill with 2 slots): the target slot
+    holds the source's prompt rows bit for bit, the other slots are as they were, and the forked slot
+    decodes what a fresh prefill of the prompt decodes."""
+    model = load_artifact(neuron_compiled(name, variant, change))
+    runner, kv = model.runner, model.runner.backend.kv
+    ids = [9, 10, 11, 12, 13, 14, 15]
+    others = [slot for slot in range(model.meta.geometry.batch) if slot != 1]
+    want = runner.greedy(ids, 6, slot=others[-1])[0]
+    logits = runner.prefill(0, ids)
+    before = kv.read()
+    runner.fork(0, 1)
+    for new_rank, old_rank in zip(kv.read(), before):
+        for new, old in zip(new_rank, old_rank):  # (B, KVH, S, D)
+            assert torch.equal(new[1, :, :len(ids)], old[0, :, :len(ids)]) and torch.equal(new[others], old[others])
+    runner.free(0)
+    got = []
+    for _ in want:
+        got.append(int(logits.argmax()))
+        logits = runner.decode({1: got[-1]})[1]
+    assert got == want
     model.close()
 
 

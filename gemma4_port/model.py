@@ -8,8 +8,8 @@ embeddings are looked up on the host; explicit tanh-GELU and matmul attention; r
 softcap is monotonic, so argmax is unchanged; the host applies it to sample).
 
 Shapes: B batch slots, C prompt chunk bucket, S a kind's cache positions (T: the leading ones a
-key bucket reads, in prefill and decode), H hidden, L layers, P PLE width, V vocab, Hq/KVH this rank's query/KV heads,
-D head_dim.
+key bucket reads, in prefill and decode), H hidden, L layers, P PLE width, V vocab, Hq/KVH this
+rank's query/KV heads, D head_dim.
 """
 
 from __future__ import annotations
@@ -239,8 +239,9 @@ class Gemma4Decoder(nn.Module):
     def prefill(self, h, ple, rope, rows, last, slot, kv):
         """A chunk of C prompt tokens at positions p .. p+C-1 of one slot whose positions before p
         already hold this request's KV (an earlier chunk, or a reused prefix). A prefill graph of T
-        keys (T >= C, and every real token's position below T): a global cache is read and rewritten only in its first T positions, a
-        sliding ring in its first min(T, ring), as in decode, so a short prompt's chunk costs T keys.
+        keys (T >= C, and every real token's position below T): a global cache is read and rewritten
+        only in its first T positions, a sliding ring in its first min(T, ring), as in decode, so a
+        short prompt's chunk costs T keys.
 
         The chunk's K/V go into the slot's cache first, each token at the position its one-hot write
         row names (padding rows write nothing), then every token attends to the cache through its mask

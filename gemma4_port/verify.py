@@ -106,6 +106,26 @@ def run_slots_together(runner, cases: list[Case]) -> list[tuple[list[int], list[
     return out
 
 
+def fork_cases(cases: list[Case], geo) -> list[Case]:
+    """One prompt per fork copy graph: the first case whose prompt the copy over each key bucket holds."""
+    out = []
+    for t in geo.key_buckets:
+        case = next((c for c in cases if not c.reused and next(k for k in geo.key_buckets if len(c.ids) <= k) == t), None)
+        if case is not None:
+            out.append(Case(f"fork:{case.name}", case.ids, min(case.steps, SHORT_STEPS)))
+    return out
+
+
+def run_fork(runner, case: Case) -> tuple[list[int], list[torch.Tensor]]:
+    """A prompt prefilled in the first slot and continued in the last, which forks it (the copy graph
+    over the smallest key bucket holding it); the source is freed first, so it decodes alone."""
+    target = len(runner.slots) - 1
+    logits = runner.prefill(0, case.ids)
+    runner.fork(0, target)
+    runner.free(0)
+    return runner.greedy_on(target, logits, case.steps)
+
+
 @torch.no_grad()
 def reference_bf16_error(reference, rows: list[Row], ref_logits: list[list[torch.Tensor]]) -> list[float]:
     """max |logit diff| of transformers' own model run in bfloat16 against its float32 run, at every
@@ -190,6 +210,9 @@ def verify_artifact(folder: Path, long: bool = True, console: Console | None = N
         for group in (together, stages):
             cases += group
             results += run_slots_together(model.runner, group)
+        forks = fork_cases(cases, geo)
+        cases += forks
+        results += [run_fork(model.runner, case) for case in forks]
     model.close()
     rows, ref_logits = [], []
     for case, (dev_tokens, dev_logits) in zip(cases, results):

@@ -43,6 +43,12 @@ def test_batch_slots_decode_together_and_match(compiled):
     result = verify(compiled("tiny-e2b", "b4"), "--quick")
     assert result.returncode == 0, result.stdout + result.stderr
     assert result.stdout.count("slots:") == 4
+    # a fork per copy graph (key buckets 32, 64): a 10-token and a 48-token prompt continued in the slot
+    # that copied them, each as the reference says
+    rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("│")}
+    forks = {name: row.split("│")[2].strip() for name, row in rows.items() if name.startswith("fork:")}
+    assert forks == {"fork:golden:capital": "10", "fork:random:1.5x-bucket": "48"}
+    assert all("│ True " in rows[name] for name in forks)
 
 
 @pytest.mark.parametrize("name, variant", [("tiny-e2b", "chunks"), ("tiny-12b", "chunks-tp2")])

@@ -22,7 +22,7 @@ class Backend(Protocol):
 
     def prefill(self, bucket: int, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
     def decode(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
-    def copy(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> None: ...  # a fork's KV copy, on the device
+    def copy(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> None: ...  # a fork's KV copy: copy_<keys>
     def reset(self) -> None: ...
     def close(self) -> None: ...
 
@@ -152,7 +152,11 @@ class ModelRunner:
     def greedy(self, ids: list[int], steps: int, slot: int = 0, reused: int = 0) -> tuple[list[int], list[torch.Tensor]]:
         """Greedy continuation of one prompt (keeping the KV of its first `reused` positions, which
         the slot holds): tokens and the raw logits (float32) that chose each. The slot retains its KV."""
-        logits = self.prefill(slot, ids, reused)
+        return self.greedy_on(slot, self.prefill(slot, ids, reused), steps)
+
+    def greedy_on(self, slot: int, logits: torch.Tensor, steps: int) -> tuple[list[int], list[torch.Tensor]]:
+        """Greedy decoding of a decoding slot from the logits of its last position (a prefill's, or a
+        fork's source's); then the slot retains its KV."""
         tokens, seen = [], []
         for i in range(steps):
             seen.append(logits.float())

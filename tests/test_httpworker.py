@@ -190,21 +190,31 @@ def test_keepalive_requests_on_one_connection_are_read_ahead_too(server):
 def test_sigterm_drains_new_requests_get_503_in_flight_ones_finish(server):
     """Last in the module: it stops the server. gthread stopped accepting at once: new connections
     waited in the backlog until the exit and were reset, and /ready could not answer."""
-    body = {"model": server.model, "prompt": [2], "max_tokens": 50, "temperature": 0, "stream": True}
+    # The whole context, never ended early by an end token: three such streams one after another
+    # outlast the drain's checks by far (a shorter greedy reply could end them all within 0.1 s).
+    body = {"model": server.model, "prompt": [2], "max_tokens": 62, "ignore_eos": True, "temperature": 0,
+            "stream": True}
     results: list = []
+    first = threading.Event()
 
     def stream():
         with requests.post(f"{server.url}/v1/completions", json=body, stream=True, timeout=60) as resp:
-            lines = [ln for ln in resp.iter_lines() if ln.startswith(b"data: ")]
+            lines = []
+            for ln in resp.iter_lines():
+                first.set()
+                if ln.startswith(b"data: "):
+                    lines.append(ln)
             results.append((resp.status_code, lines[-1] if lines else None))
 
     streams = [threading.Thread(target=stream) for _ in range(3)]  # one in the slot, two queued
     for t in streams:
         t.start()
-    time.sleep(0.3)
+    assert first.wait(30)
+    time.sleep(0.05)  # the two others reach the queue
     server.proc.send_signal(15)
-    time.sleep(0.2)  # the main loop turns at least once a second; it was woken at once
-    ready = requests.get(f"{server.url}/ready", timeout=5)
+    deadline = time.monotonic() + 5  # the main loop turns at least once a second; it is woken at once
+    while (ready := requests.get(f"{server.url}/ready", timeout=5)).status_code == 200 and time.monotonic() < deadline:
+        time.sleep(0.01)
     refused = requests.post(f"{server.url}/v1/completions", json=body, timeout=5)
     for t in streams:
         t.join(60)

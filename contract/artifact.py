@@ -95,6 +95,14 @@ def copy_graphs(batch: int, key_buckets: tuple[int, ...]) -> tuple[str, ...]:
     return () if batch == 1 else tuple(f"copy_{t}" for t in key_buckets)
 
 
+def graph_names(buckets: tuple[int, ...], key_buckets: tuple[int, ...], batch: int,
+                device_prefill: bool = True) -> tuple[str, ...]:
+    """Every graph of a variant, in the order they are traced and keyed: prefill_<C>_<T> (unless the
+    prompt runs on the host), decode_<T> per key bucket, and copy_<T> at batch > 1."""
+    prefill = prefill_graphs(buckets, key_buckets) if device_prefill else ()
+    return prefill + tuple(f"decode_{t}" for t in key_buckets) + copy_graphs(batch, key_buckets)
+
+
 class GoldenStep(Frozen):
     """The float reference at one golden step: its best tokens, best first, and their softcapped
     logits, from which the self-test judges a divergence without a device at compile time."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .artifact import ArtifactError, Geometry, copy_graphs, prefill_graphs
+from .artifact import ArtifactError, Geometry, graph_names
 from .dtypes import DTYPES
 
 HOST_KV = "graphs/host_kv.json"  # {"kv_heads": [[[start, count] per rank] per KV tensor]}
@@ -53,8 +53,7 @@ class NeuronLayout:
 def neuron_layout(tp: int, prefill: str, buckets: tuple[int, ...], key_buckets: tuple[int, ...],
                   batch: int) -> NeuronLayout:
     host = prefill == "host"
-    graphs = (() if host else prefill_graphs(buckets, key_buckets)) + tuple(f"decode_{t}" for t in key_buckets)
-    return NeuronLayout(tp, graphs + copy_graphs(batch, key_buckets), host)
+    return NeuronLayout(tp, graph_names(buckets, key_buckets, batch, device_prefill=not host), host)
 
 
 def parse_graph(name: str) -> tuple[str, int, int]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from contract.artifact import Geometry, Rope, copy_graphs, prefill_graphs
+from contract.artifact import Geometry, Rope, graph_names
 from contract.dtypes import DTYPES
 from contract.errors import Gemma4Error
 from contract.hostside import HostInputs, scaled_tables
@@ -103,13 +103,6 @@ def example_inputs(host: HostInputs, geo: Geometry, name: str):
     return host.decode([EXAMPLE_TOKEN] * geo.batch, [0] * geo.batch, kv, keys=keys)
 
 
-def graph_names(geo: Geometry) -> tuple[str, ...]:
-    """Every graph of a variant: prefill_<C>_<T> per chunk bucket and key bucket that holds it,
-    decode_<T>, and copy_<T> at batch > 1."""
-    return (prefill_graphs(geo.buckets, geo.key_buckets) + tuple(f"decode_{t}" for t in geo.key_buckets)
-            + copy_graphs(geo.batch, geo.key_buckets))
-
-
 def trace_quietly(trace, *args, **kwargs):
     """torch.jit.trace / trace_module without check_trace, and without the warnings that each graph's
     static shapes (a bucket is a Python constant in its graph, as intended) would print."""
@@ -125,7 +118,7 @@ def trace_cpu(decoder: Gemma4Decoder, host: HostInputs, geo: Geometry, folder: P
     graphs = nn.Module()
     graphs.prefill, graphs.decode = PrefillGraph(decoder).eval(), DecodeGraph(decoder).eval()
     graphs.copy = CopyGraph(decoder).eval()
-    methods = graph_names(geo)
+    methods = graph_names(geo.buckets, geo.key_buckets, geo.batch)
     for name in methods:
         setattr(graphs, name, getattr(graphs, parse_graph(name)[0]).forward)  # trace_module traces methods by name
     traced = trace_quietly(torch.jit.trace_module, graphs, {name: example_inputs(host, geo, name) for name in methods})

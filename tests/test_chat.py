@@ -10,10 +10,9 @@ import pytest
 
 from runtime.app import create_app
 from runtime.chat import ChatTemplateError, Message, Tool, render, template_kwargs
-from runtime.engine import State
 from runtime.settings import Settings
 
-from support.engines import running
+from support.engines import ready
 from support.http import openai_client
 
 CHAT = "/v1/chat/completions"
@@ -35,8 +34,7 @@ BAD_ARGUMENTS = CALLED | {"tool_calls": [{"id": "call_1", "type": "function",
 
 @pytest.fixture(scope="module")
 def engine(compiled):
-    with running(Settings(artifact=compiled("tiny-e2b", "chat"))) as eng:
-        assert eng.wait(300) is State.READY, eng.reason
+    with ready(Settings(artifact=compiled("tiny-e2b", "chat"))) as eng:
         yield eng
 
 

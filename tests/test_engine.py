@@ -17,7 +17,7 @@ from runtime.sampling import SamplingParams
 from runtime.settings import Settings
 
 from support.artifact_copies import with_eos, with_golden_step, with_wrong_golden
-from support.engines import running
+from support.engines import ready, running
 
 
 GREEDY = SamplingParams(temperature=0)
@@ -27,8 +27,7 @@ PROMPTS = ("The capital of France is", "hello world", "Inferentia2 has two Neuro
 @pytest.fixture(scope="module")
 def b4(compiled):
     """A batch-4 engine (four KV slots), loaded and self-tested once for the module."""
-    with running(Settings(artifact=compiled("tiny-e2b", "b4"), queue_max=8)) as engine:
-        assert engine.wait(300) is State.READY, engine.reason
+    with ready(Settings(artifact=compiled("tiny-e2b", "b4"), queue_max=8)) as engine:
         yield engine
 
 
@@ -217,8 +216,7 @@ def test_an_eos_token_ends_the_request_with_stop(compiled, tmp_path):
     golden = load_meta(src).golden[0]
     tokens = list(golden.tokens)
     step = next(i for i in range(1, len(tokens)) if tokens[i] not in tokens[:i])  # a token not seen before it
-    with running(Settings(artifact=with_eos(src, tmp_path / "eos", tokens[step]))) as engine:
-        assert engine.wait(300) is State.READY, engine.reason
+    with ready(Settings(artifact=with_eos(src, tmp_path / "eos", tokens[step]))) as engine:
         text, done = run(engine, list(golden.ids), max_tokens=len(tokens))
         assert (done.reason, done.completion_tokens) == ("stop", step + 1)
         assert text == engine.tokenizer.decode(tokens[:step], skip_special_tokens=True)
@@ -234,7 +232,7 @@ def test_backend_mismatch_fails_with_the_variable_named(compiled):
 
 def _calls(engine: Engine):
     """Record every graph call of the engine's backend as (graph, slot states at the call)."""
-    runner, backend, seen = engine.model.runner, engine.model.runner.backend, []
+    runner, seen = engine.model.runner, []
 
     def recorded(graph, call):
         def run(*args):
@@ -290,8 +288,7 @@ def test_a_prompt_longer_than_every_bucket_runs_in_chunks_between_decode_steps(b
 
 
 def test_whole_prompt_prefill_runs_every_chunk_before_the_next_decode(compiled):
-    with running(Settings(artifact=compiled("tiny-e2b", "b4"), prefill_chunks_per_step=0)) as engine:
-        assert engine.wait(300) is State.READY, engine.reason
+    with ready(Settings(artifact=compiled("tiny-e2b", "b4"), prefill_chunks_per_step=0)) as engine:
         seen, recorded = _calls(engine)
         backend = engine.model.runner.backend
         backend.prefill, backend.decode = recorded("prefill", backend.prefill), recorded("decode", backend.decode)
@@ -329,8 +326,7 @@ def test_a_finished_request_leaves_its_slot_retained_and_a_shared_prefix_is_reus
 def test_reuse_gives_what_no_reuse_gives_alone_and_beside_others(b4, compiled):
     base = _random(45, 3)
     prompts = [base + _random(5, 4), base + _random(12, 5), _random(50, 6)]
-    with running(Settings(artifact=compiled("tiny-e2b", "b4"), prefix_reuse=False)) as plain:
-        assert plain.wait(300) is State.READY, plain.reason
+    with ready(Settings(artifact=compiled("tiny-e2b", "b4"), prefix_reuse=False)) as plain:
         want = [run(plain, p, max_tokens=8)[0] for p in prompts]
     wait_idle(b4)
     run(b4, base, max_tokens=3)  # retained: the next two reuse it
@@ -456,8 +452,7 @@ def test_prompt_logprobs_are_the_references_log_softmax_at_every_prompt_position
 def test_n_choices_on_one_slot_run_one_after_another_from_the_retained_prompt(compiled):
     """Batch 1: the choices wait for the one slot and decode on from the KV the previous one left
     there (no copy, no prefill), as long as its ring still holds the prompt's end."""
-    with running(Settings(artifact=compiled("tiny-e2b", "fp32"))) as engine:
-        assert engine.wait(300) is State.READY, engine.reason
+    with ready(Settings(artifact=compiled("tiny-e2b", "fp32"))) as engine:
         seen, recorded = _calls(engine)
         engine.model.runner.backend.prefill = recorded("prefill", engine.model.runner.backend.prefill)
         ids = _random(14, 10)

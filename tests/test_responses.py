@@ -8,10 +8,9 @@ import json
 import pytest
 
 from runtime.app import create_app
-from runtime.engine import State
 from runtime.settings import Settings
 
-from support.engines import running
+from support.engines import ready
 from support.http import openai_client
 
 CHAT = "/v1/chat/completions"
@@ -22,8 +21,7 @@ HI = [{"role": "user", "content": "Write a haiku."}]
 
 @pytest.fixture(scope="module")
 def engine(compiled):
-    with running(Settings(artifact=compiled("tiny-e2b", "b4"), queue_max=8)) as eng:
-        assert eng.wait(300) is State.READY, eng.reason
+    with ready(Settings(artifact=compiled("tiny-e2b", "b4"), queue_max=8)) as eng:
         yield eng
 
 

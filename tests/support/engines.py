@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from runtime.engine import Engine
+from runtime.engine import Engine, State
 from runtime.settings import Settings
 
 
@@ -17,3 +17,11 @@ def running(settings: Settings) -> Iterator[Engine]:
         yield engine
     finally:
         engine.close()
+
+
+@contextmanager
+def ready(settings: Settings, timeout: float = 300) -> Iterator[Engine]:
+    """A running engine that came up READY (loaded and self-tested), or the test fails with its reason."""
+    with running(settings) as engine:
+        assert engine.wait(timeout) is State.READY, engine.reason
+        yield engine

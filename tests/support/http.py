@@ -11,10 +11,9 @@ import httpx2
 import openai
 
 from runtime.app import create_app
-from runtime.engine import State
 from runtime.settings import Settings
 
-from support.engines import running
+from support.engines import ready
 
 
 CHAT = "/v1/chat/completions"
@@ -26,8 +25,7 @@ HI = [{"role": "user", "content": "Capital of France?"}]
 @pytest.fixture(scope="module")
 def engine(compiled):
     """Batch 1, a queue of one: a third concurrent request is refused."""
-    with running(Settings(artifact=compiled("tiny-e2b", "fp32"), queue_max=1)) as eng:
-        assert eng.wait(300) is State.READY, eng.reason
+    with ready(Settings(artifact=compiled("tiny-e2b", "fp32"), queue_max=1)) as eng:
         yield eng
 
 

@@ -9,14 +9,19 @@ from pathlib import Path
 from contract.artifact import write_raw
 
 
-def _edited(src: Path, dst: Path, edit) -> Path:
-    """A copy with artifact.json edited and its digest made anew, so the edit reaches the check behind it."""
-    shutil.copytree(src, dst)
-    raw = json.loads((dst / "artifact.json").read_text())
+def resealed(folder: Path, edit) -> Path:
+    """artifact.json edited in place and its digest made anew, so the edit reaches the check behind it."""
+    raw = json.loads((folder / "artifact.json").read_text())
     raw.pop("digest")
     edit(raw)
-    write_raw(dst, raw)
-    return dst
+    write_raw(folder, raw)
+    return folder
+
+
+def _edited(src: Path, dst: Path, edit) -> Path:
+    """A copy with artifact.json edited and resealed."""
+    shutil.copytree(src, dst)
+    return resealed(dst, edit)
 
 
 def with_wrong_golden(src: Path, dst: Path) -> Path:

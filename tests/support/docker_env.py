@@ -16,7 +16,6 @@ import fcntl
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -40,6 +39,20 @@ def ensure_installed() -> None:
     subprocess.run(["apt-get", "update", "-q"], check=True, env=env, capture_output=True)
     subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], check=True, env=env,
                    capture_output=True)
+
+
+def _wait_up(probe, not_yet: type[Exception], proc: subprocess.Popen, timeout: float, failed) -> None:
+    """Call `probe` until it stops raising `not_yet`; if the process exits or `timeout` seconds pass
+    first, raise the error `failed()` makes (it stops what was started)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            probe()
+            return
+        except not_yet:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise failed() from None
+            time.sleep(0.2)
 
 
 def _stop(proc: subprocess.Popen, timeout: float = 30) -> None:
@@ -75,17 +88,13 @@ class Engine:
         engine = cls(root, proc)
         import docker
 
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                docker.DockerClient(base_url=engine.host, version="auto").ping()
-                return engine
-            except Exception:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    tail = (root / "dockerd.log").read_text(errors="replace").strip().splitlines()[-3:]
-                    engine.stop()
-                    raise RuntimeError(f"dockerd did not start: {' | '.join(tail)}") from None
-                time.sleep(0.2)
+        def failed() -> Exception:
+            tail = (root / "dockerd.log").read_text(errors="replace").strip().splitlines()[-3:]
+            engine.stop()
+            return RuntimeError(f"dockerd did not start: {' | '.join(tail)}")
+
+        _wait_up(lambda: docker.DockerClient(base_url=engine.host, version="auto").ping(), Exception, proc, 60, failed)
+        return engine
 
     def stop(self) -> None:
         _stop(self.proc)
@@ -128,16 +137,14 @@ class Registry:
         proc = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")], stdout=log,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         registry = cls(root, port, proc)
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                requests.get(f"http://{registry.address}/v2/", timeout=2).raise_for_status()
-                return registry
-            except requests.RequestException:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    registry.stop()
-                    raise RuntimeError(f"docker-registry did not start: see {root}/registry.log") from None
-                time.sleep(0.2)
+
+        def failed() -> Exception:
+            registry.stop()
+            return RuntimeError(f"docker-registry did not start: see {root}/registry.log")
+
+        _wait_up(lambda: requests.get(f"http://{registry.address}/v2/", timeout=2).raise_for_status(),
+                 requests.RequestException, proc, 30, failed)
+        return registry
 
     def stop(self) -> None:
         _stop(self.proc)

@@ -108,7 +108,8 @@ def draw(weights: np.ndarray, generator: torch.Generator) -> int:
 
 def distribution(x: np.ndarray, params: SamplingParams, cap: float | None) -> tuple[np.ndarray, np.ndarray | None]:
     """The tokens a non-greedy draw may pick and their (unnormalised) weights: softcap, temperature,
-    then min-p, top-k and top-p as vLLM's sampler orders them (min-p first, on the scaled row). Ids are None when every token of the row may be drawn (weights by position)."""
+    then min-p, top-k and top-p as vLLM's sampler orders them (min-p first, on the scaled row). Ids
+    are None when every token of the row may be drawn (weights by position)."""
     if params.top_k:
         # top-k (then top-p) renormalises within the k best: no full-vocabulary pass is needed.
         values, ids = top_candidates(x, params.top_k)

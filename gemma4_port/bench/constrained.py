@@ -14,7 +14,6 @@ import json
 import random
 import time
 
-import numpy as np
 import torch
 
 from runtime.grammar import Grammar, Grammars

@@ -103,8 +103,9 @@ class ModelRunner:
     def fork(self, src: int, dst: int, keep: int | None = None) -> None:
         """Make free slot `dst` decode on from the first `keep` positions (default: all) that slot
         `src` holds, without a prefill: the copy graph over the smallest key bucket holding them copies
-        src's KV into dst (nothing to copy when they are the same retained slot). src must have finished its prefill, and a src that went on past
-        `keep` only as far as its sliding ring still holds the positions dst reads (the reuse rule)."""
+        src's KV into dst (nothing to copy when they are the same retained slot). src must have
+        finished its prefill, and a src that went on past `keep` only as far as its sliding ring still
+        holds the positions dst reads (the reuse rule)."""
         s, d = self.slots[src], self.slots[dst]
         if s.state is SlotState.PREFILLING or not s.tokens:
             raise RuntimeError(f"slot {src} cannot be forked: it has not finished a prefill ({s.state.value})")

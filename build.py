@@ -15,8 +15,8 @@ from pathlib import Path
 def _compile(args) -> int:
     from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-    from gemma4_port.compile import compile_artifact
-    from gemma4_port.manifest import load_manifest
+    from gemma4_port.compile.backends import compile_artifact
+    from gemma4_port.source.manifest import load_manifest
 
     manifest = load_manifest(args.manifest)
     variant = manifest.variant(args.variant)
@@ -28,13 +28,13 @@ def _compile(args) -> int:
 
 
 def _verify(args) -> int:
-    from gemma4_port.verify import verify_artifact
+    from gemma4_port.verify.run import verify_artifact
 
     return verify_artifact(Path(args.dir), long=not args.quick, json_out=args.json_out and Path(args.json_out))
 
 
 def _plan(args) -> int:
-    from gemma4_port.capacity import plan_main
+    from gemma4_port.ops.capacity import plan_main
 
     return plan_main(args)
 
@@ -46,13 +46,13 @@ def _serve(args) -> int:
 
 
 def _doctor(args) -> int:
-    from gemma4_port.doctor import doctor_main
+    from gemma4_port.ops.doctor import doctor_main
 
     return doctor_main(args)
 
 
 def _images(args) -> int:
-    from gemma4_port.images import images_main
+    from gemma4_port.images.assemble import images_main
 
     return images_main(args)
 

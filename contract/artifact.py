@@ -10,9 +10,9 @@ from typing import Literal
 
 from pydantic import ValidationError
 
-from .errors import Gemma4Error
-from .files import read_parsed
-from .typed import Frozen
+from contract.errors import Gemma4Error
+from contract.files import read_parsed
+from contract.typed import Frozen
 
 ARTIFACT_FORMAT = 6  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill;
 # 4: a self-digest, golden steps with the reference's best logits; 5: key buckets for prefill too

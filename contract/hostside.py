@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .artifact import HOST_TABLES, Geometry
-from .dtypes import BITS, DTYPES
+from contract.artifact import HOST_TABLES, Geometry
+from contract.dtypes import BITS, DTYPES
 
 
 class HostTables:

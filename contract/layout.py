@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .artifact import ArtifactError, Geometry, graph_names
-from .dtypes import DTYPES
+from contract.artifact import ArtifactError, Geometry, graph_names
+from contract.dtypes import DTYPES
 
 HOST_KV = "graphs/host_kv.json"  # {"kv_heads": [[[start, count] per rank] per KV tensor]}
 NXD_MODEL = "graphs/nxd_model.pt"  # the traced ModelBuilder model (neffs, no weights), saved with torch.jit.save

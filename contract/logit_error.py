@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from .greedy import softcap
+from contract.greedy import softcap
 
 TOP_K = 10  # the overlap figure's k
 GOLDEN_TOP = 8  # reference tokens stored per golden step: a near-tie's runner-up is among them

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .errors import Gemma4Error
+from contract.errors import Gemma4Error
 
 
 class TokenizerError(Gemma4Error, RuntimeError):

@@ -14,8 +14,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from .artifact import ArtifactError
-from .errors import Gemma4Error
+from contract.artifact import ArtifactError
+from contract.errors import Gemma4Error
 
 NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
 RUNTIME_PACKAGE = "aws-neuronx-runtime-lib"  # libnrt, from the Neuron apt/yum repository

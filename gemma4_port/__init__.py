@@ -2,4 +2,5 @@
 
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]  # the checkout: build.py, manifests/, images/, pyproject.toml
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: build.py, pyproject.toml
+MANIFESTS = Path(__file__).resolve().parent / "manifests"  # the shipped manifests (package data)

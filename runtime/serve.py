@@ -15,7 +15,7 @@ from gunicorn.app.base import BaseApplication
 from contract.artifact import load_meta
 from contract.errors import Gemma4Error
 
-from .settings import ENV, Settings, check_backend, check_port
+from runtime.settings import ENV, Settings, check_backend, check_port
 
 
 def gunicorn_options(settings: Settings) -> dict:
@@ -24,7 +24,7 @@ def gunicorn_options(settings: Settings) -> dict:
     return {
         "bind": [f"{settings.host}:{settings.port}"],
         "workers": 1,
-        "worker_class": "runtime.httpworker.ReadAheadWorker",  # gthread, each request read by the main loop first
+        "worker_class": "runtime.http.worker.ReadAheadWorker",  # gthread, each request read by the main loop first
         # Every running, queued or streaming request holds a thread; the spare ones answer probes and
         # scrapes, and a queue-full 503, while the queue is full.
         "threads": settings.queue_max + 32,
@@ -61,7 +61,7 @@ class Server(BaseApplication):
 
     def load(self):
         # Imported in the worker, after the fork: torch and the engine never load in the master.
-        from .app import create_app
+        from runtime.http.app import create_app
 
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         return create_app(self.settings)

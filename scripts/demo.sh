@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-MANIFEST=${MANIFEST:-manifests/tiny-e2b.yaml}
+MANIFEST=${MANIFEST:-gemma4_port/manifests/tiny-e2b.yaml}
 VARIANT=${VARIANT:-fp32}
 OUT=${OUT:-artifacts/demo}
 .venv/bin/python build.py compile "$MANIFEST" --variant "$VARIANT" --out "$OUT"

@@ -45,8 +45,8 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def compiled(tmp_path_factory):
     """compiled("tiny-e2b", "fp32") -> artifact directory, compiled once per session."""
-    from gemma4_port.compile import compile_artifact
-    from gemma4_port.manifest import load_manifest
+    from gemma4_port.compile.backends import compile_artifact
+    from gemma4_port.source.manifest import load_manifest
 
     made: dict[tuple[str, str], Path] = {}
 

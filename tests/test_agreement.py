@@ -1,10 +1,10 @@
-"""gemma4_port.agreement: when the artifact's tokens agree with the float reference's, for compile
+"""gemma4_port.verify.agreement: when the artifact's tokens agree with the float reference's, for compile
 and verify alike."""
 
 import pytest
 import torch
 
-from gemma4_port.agreement import Case, compare
+from gemma4_port.verify.agreement import Case, compare
 
 
 def test_near_tie_rule():

@@ -138,12 +138,12 @@ def test_bad_input_gets_a_4xx_json_error_and_the_server_stays_ready(client, path
 ])
 def test_what_cannot_fit_is_refused_before_tokenizing(client, monkeypatch, path, body, param):
     """A 1 MB prompt took ~1 s of CPU to template and tokenize before its length was checked."""
-    monkeypatch.setattr("runtime.api.tokenize", lambda encode: pytest.fail("the prompt was tokenized"))
+    monkeypatch.setattr("runtime.api.routes.tokenize", lambda encode: pytest.fail("the prompt was tokenized"))
     assert_error(client.post(path, json=body), 400, param, "context_length_exceeded")
 
 
 def test_the_character_bound_never_refuses_a_prompt_that_fits(client, engine):
-    from runtime.api import chars_per_token
+    from runtime.api.routes import chars_per_token
 
     longest = max(engine.tokenizer.get_vocab(), key=len)
     assert len(longest) == chars_per_token(engine.tokenizer)
@@ -281,9 +281,9 @@ def test_n_choices_take_turns_on_a_single_slot(client):
 
 
 def test_a_forced_grammar_compiles_and_refuses_a_second_constraint(engine):
-    from runtime.api import ChatBody, compile_grammar
-    from runtime.errors import APIError
-    from runtime.grammar import Grammar
+    from runtime.api.routes import ChatBody, compile_grammar
+    from runtime.api.errors import APIError
+    from runtime.generate.grammar import Grammar
 
     forced = ("tool_choice", Grammar.lark('start: "call:" /[a-z]+/'))
     plain = ChatBody.model_validate({"model": MODEL, "messages": HI})

@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 import time
 
-from runtime.app import create_app
-from runtime.engine import State
+from runtime.http.app import create_app
+from runtime.generate.engine import State
 from runtime.settings import Settings
 
 from support.artifact_copies import with_wrong_golden
@@ -107,7 +107,7 @@ def test_liveness_fails_while_a_device_call_is_stuck(compiled, monkeypatch):
     client, engine = app.test_client(), app.extensions["gemma4_engine"]
     try:
         assert engine.wait(300) is State.READY
-        monkeypatch.setattr("runtime.engine.STUCK_AFTER_S", 0.2)
+        monkeypatch.setattr("runtime.generate.engine.STUCK_AFTER_S", 0.2)
         gate, decode = threading.Event(), engine.model.runner.decode
         monkeypatch.setattr(engine.model.runner, "decode", lambda tokens: gate.wait(30) and decode(tokens))
         stream = client.post(CHAT, json={"model": MODEL, "messages": HI, "max_tokens": 4, "stream": True},

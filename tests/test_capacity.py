@@ -6,13 +6,13 @@ import sys
 
 import pytest
 
-from gemma4_port.capacity import (
+from gemma4_port.ops.capacity import (
     GIB, INSTANCES, PROCESS_BYTES, ModelSizes, compile_swap_gib, fixes, footprint, host_verdict, kv_max_limit,
 )
-from gemma4_port.configs import text_config_for
-from gemma4_port.manifest import load_manifest
+from gemma4_port.source.configs import text_config_for
+from gemma4_port.source.manifest import load_manifest
 
-from support import ROOT
+from support import MANIFESTS, ROOT
 
 XLARGE, X8LARGE = INSTANCES
 # Elements on the device (whole model at tp 1, one rank at tp 2) and in the host tables, counted from
@@ -27,7 +27,7 @@ PUBLISHED_TEXT_PARAMS = {"e2b": 4.63e9, "e4b": 7.46e9, "12b": 11.9e9}  # the mod
 def real():
     out = {}
     for name in DEVICE:
-        manifest = load_manifest(ROOT / f"manifests/gemma-4-{name}.yaml")
+        manifest = load_manifest(MANIFESTS / f"gemma-4-{name}.yaml")
         out[name] = manifest, ModelSizes(text_config_for(manifest))
     return out
 
@@ -129,7 +129,7 @@ def test_the_largest_kv_max_is_bounded_by_the_softmax_row_or_the_core(real):
 
 
 def test_the_largest_kv_max_stops_at_the_models_context():
-    manifest = load_manifest(ROOT / "manifests/gemma-4-e2b.yaml")
+    manifest = load_manifest(MANIFESTS / "gemma-4-e2b.yaml")
     config = text_config_for(manifest)
     assert config.max_position_embeddings == 131072  # what every kv_max up to stays below
     config.max_position_embeddings = 32768
@@ -173,12 +173,12 @@ def test_compile_swap(real):
     assert compile_swap_gib(e2b, e2b.variant("512-128")) == 0  # 6 graphs of 4.25 GiB
     assert compile_swap_gib(e2b, e2b.variant("512-128").model_copy(update={"key_buckets": (4096, 16384, 49152)})) == 50
     assert compile_swap_gib(e2b, e2b.variant("512-128"), host_gib=XLARGE.host_gib) > 0
-    tiny = load_manifest(ROOT / "manifests/tiny-e4b.yaml")
+    tiny = load_manifest(MANIFESTS / "tiny-e4b.yaml")
     assert compile_swap_gib(tiny, tiny.variant("tp2"), host_gib=XLARGE.host_gib) == 0
 
 
 def test_plan_prints_the_tables_verdicts_and_fixes():
-    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "plan", str(ROOT / "manifests/gemma-4-12b.yaml"),
+    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "plan", str(MANIFESTS / "gemma-4-12b.yaml"),
                              "--shards"], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 0, result.stderr
     out = result.stdout

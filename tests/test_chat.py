@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from runtime.app import create_app
-from runtime.chat import ChatTemplateError, Message, Tool, render, template_kwargs
+from runtime.http.app import create_app
+from runtime.api.chat import ChatTemplateError, Message, Tool, render, template_kwargs
 from runtime.settings import Settings
 
 from support.engines import ready

@@ -4,21 +4,21 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gemma4_port.checkpoint import (
+from gemma4_port.source.checkpoint import (
     MULTIMODAL_PREFIX, CheckpointError, CheckpointReader, read_text_config, resolve_checkpoint,
     write_random_checkpoint,
 )
 from contract.artifact import sha256
-from gemma4_port.manifest import load_manifest
-from gemma4_port.reference import load_reference, reference_greedy
+from gemma4_port.source.manifest import load_manifest
+from gemma4_port.verify.reference import load_reference, reference_greedy
 
-from support import ROOT
+from support import MANIFESTS
 
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
 
 
 def _ckpt(name):
-    return resolve_checkpoint(load_manifest(ROOT / f"manifests/{name}.yaml"))
+    return resolve_checkpoint(load_manifest(MANIFESTS / f"{name}.yaml"))
 
 
 def test_random_checkpoint_has_the_hub_layout():
@@ -36,7 +36,7 @@ def test_random_checkpoint_has_the_hub_layout():
 
 
 def test_same_seed_same_bytes(tmp_path):
-    spec = load_manifest(ROOT / "manifests/tiny-12b.yaml").model.random
+    spec = load_manifest(MANIFESTS / "tiny-12b.yaml").model.random
     write_random_checkpoint(spec, tmp_path / "a")
     write_random_checkpoint(spec, tmp_path / "b")
     files = sorted(p.name for p in (tmp_path / "a").iterdir())
@@ -99,7 +99,7 @@ def test_config_errors_name_the_file(tmp_path):
 def test_unified_12b_config_reads_as_a_text_config_without_ple(tmp_path):
     from transformers import Gemma4UnifiedConfig, Gemma4UnifiedTextConfig
 
-    from gemma4_port.configs import KNOWN_TEXT_CONFIGS
+    from gemma4_port.source.configs import KNOWN_TEXT_CONFIGS
 
     shapes = {k: v for k, v in KNOWN_TEXT_CONFIGS["google/gemma-4-12B-it"].items()
               if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gemma4_port.tokenizer import train_tokenizer
-from runtime.detok import Detokenizer, TextStream, stop_prefix_len
+from gemma4_port.source.toy_tokenizer import train_tokenizer
+from runtime.generate.detok import Detokenizer, TextStream, stop_prefix_len
 
 REPLACEMENT = "\ufffd"  # what a decoder shows for an incomplete UTF-8 character
 MULTIBYTE = "naïve café: Ωμέγα ✓ 日本語 🙂🚀 𝔘𝔫𝔦 done"

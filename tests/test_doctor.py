@@ -6,12 +6,13 @@ import subprocess
 import sys
 
 import pytest
+from support import MANIFESTS
 from support.sdk import ROOT, sdk_env
 
-from gemma4_port.doctor import LAYOUTS, Machine, machine_checks, render, run_all
-from gemma4_port.manifest import load_manifest
+from gemma4_port.ops.doctor import LAYOUTS, Machine, machine_checks, render, run_all
+from gemma4_port.source.manifest import load_manifest
 
-TC = load_manifest(ROOT / "manifests/tiny-e2b.yaml").toolchain
+TC = load_manifest(MANIFESTS / "tiny-e2b.yaml").toolchain
 # An inf2.xlarge as `neuron-ls -j` describes it (aws-neuron-sdk tools/neuron-sys-tools/neuron-ls.rst fields).
 ONE_CHIP = [{"neuron_device": 0, "nc_count": 2, "neuroncore_ids": [0, 1], "memory_size": 34359738368,
              "neuron_processes": []}]

@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from contract.artifact import load_meta
-from runtime.engine import (
+from runtime.generate.engine import (
     DoesNotFit, Engine, Failed, Finished, Job, NotReady, QueueFull, State, token_budget,
 )
-from runtime.sampling import SamplingParams
+from runtime.generate.sampling import SamplingParams
 from runtime.settings import Settings
 
 from support.artifact_copies import with_eos, with_golden_step, with_wrong_golden
@@ -254,7 +254,7 @@ def recorder(b4, monkeypatch):
 
 
 def _reference(engine: Engine, ids: list[int], steps: int) -> str:
-    from gemma4_port.reference import load_reference, reference_greedy
+    from gemma4_port.verify.reference import load_reference, reference_greedy
 
     tokens = reference_greedy(load_reference(Path(engine.model.meta.checkpoint)), ids, steps)[0]
     eos = set(engine.model.meta.eos_token_ids)
@@ -419,7 +419,7 @@ def test_prompt_logprobs_are_the_references_log_softmax_at_every_prompt_position
     reference logits (float32 artifact: within twice the logit bound), and the reply that follows is
     the one of a plain request."""
     from contract.logit_error import BOUNDS
-    from gemma4_port.reference import load_reference
+    from gemma4_port.verify.reference import load_reference
 
     wait_idle(b4)
     ids = _random(40, 7)

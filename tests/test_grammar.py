@@ -1,4 +1,4 @@
-"""runtime.grammar: llguidance masks over the test tokenizer; a random "model" under a grammar always
+"""runtime.generate.grammar: llguidance masks over the test tokenizer; a random "model" under a grammar always
 produces output that parses and validates."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import jsonschema
 import numpy as np
 import pytest
 
-from gemma4_port.tokenizer import EOS_ID, SPECIAL_TOKENS, TURN_END, train_tokenizer
-from runtime.grammar import Grammar, GrammarError, Grammars
+from gemma4_port.source.toy_tokenizer import EOS_ID, SPECIAL_TOKENS, TURN_END, train_tokenizer
+from runtime.generate.grammar import Grammar, GrammarError, Grammars
 
 VOCAB = 1024
 EOS = (EOS_ID, SPECIAL_TOKENS.index(TURN_END))  # the special tokens take the first ids, in order

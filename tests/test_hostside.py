@@ -4,7 +4,7 @@ signatures."""
 import pytest
 import torch
 
-from gemma4_port.tracing import example_inputs
+from gemma4_port.compile.tracing import example_inputs
 
 from support.builds import setup
 

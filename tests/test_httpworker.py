@@ -14,7 +14,7 @@ import requests
 
 from gemma4_port.bench.hostile import Attack, Pressure, complete, probe
 from gemma4_port.bench.server import Server
-from runtime.httpworker import HEADER_TIMEOUT_S, MAX_HEAD_BYTES, READY, framing
+from runtime.http.worker import HEADER_TIMEOUT_S, MAX_HEAD_BYTES, READY, framing
 
 LIMIT = 65536
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"

@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_port.imageplan import (
+from gemma4_port.images.plan import (
     ImageError, ImageOptions, pin_base, plan_images, render_dockerfile, served_variant,
 )
-from gemma4_port.manifest import load_manifest
+from gemma4_port.source.manifest import load_manifest
 
-from support import ROOT
+from support import MANIFESTS, ROOT
 
 GOLDEN = Path(__file__).parent / "golden" / "images"
 # Everything that varies between runs is pinned here, so the Dockerfiles are byte-for-byte stable.
@@ -35,7 +35,7 @@ CASES = {  # golden name -> (manifest, options)
 
 
 def manifest(name: str):
-    return load_manifest(ROOT / "manifests" / f"{name}.yaml")
+    return load_manifest(MANIFESTS / f"{name}.yaml")
 
 
 def rendered(case: str) -> dict[str, str]:
@@ -104,7 +104,7 @@ def test_a_slim_kind_without_a_matching_variant_is_one_clear_error():
 
 
 def test_the_base_carries_the_build_tools_and_the_load_path_not_the_server():
-    from gemma4_port.images import project_files
+    from gemma4_port.images.assemble import project_files
 
     base, server = map(set, project_files())
     assert {"build.py", "gemma4_port/compile.py", "gemma4_port/verify.py", "contract/artifact.py",
@@ -116,7 +116,7 @@ def test_the_base_carries_the_build_tools_and_the_load_path_not_the_server():
 
 def test_dry_run_prints_neuron_dockerfiles_without_a_daemon():
     env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
-    run = subprocess.run([sys.executable, "build.py", "images", "manifests/gemma-4-e2b.yaml", "--dry-run"],
+    run = subprocess.run([sys.executable, "build.py", "images", "gemma4_port/manifests/gemma-4-e2b.yaml", "--dry-run"],
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert "FROM ubuntu:22.04 AS toolchain" in run.stdout and "aws-neuronx-runtime-lib" in run.stdout
@@ -128,7 +128,7 @@ def test_dry_run_prints_neuron_dockerfiles_without_a_daemon():
 def test_kubernetes_manifests_fit_the_slim_image():
     import yaml
 
-    from gemma4_port.imageplan import SERVER_PORT, SERVER_UID
+    from gemma4_port.images.plan import SERVER_PORT, SERVER_UID
 
     k8s = ROOT / "deploy" / "k8s"
     docs = {d["kind"]: d for f in ("deployment.yaml", "service.yaml", "hpa.yaml") for d in yaml.safe_load_all(

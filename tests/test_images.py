@@ -28,7 +28,7 @@ def hadolint() -> str:
     ("gemma-4-e2b", {"base", "slim", "tp2-slim"}), ("gemma-4-12b", {"base", "tp2-slim"}), ("tiny-e2b", {"base", "slim"}),
 ])
 def test_dry_run_writes_dockerfiles_that_hadolint_passes(tmp_path, manifest, kinds):
-    run = subprocess.run([sys.executable, "build.py", "images", f"manifests/{manifest}.yaml", "--dry-run", "--out",
+    run = subprocess.run([sys.executable, "build.py", "images", f"gemma4_port/manifests/{manifest}.yaml", "--dry-run", "--out",
                           str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     files = sorted(tmp_path.glob("*.Dockerfile"))
@@ -48,7 +48,7 @@ def test_hadolint_does_flag_an_unpinned_package(tmp_path):
 
 
 def test_out_without_dry_run_is_refused_in_one_line(tmp_path):
-    run = subprocess.run([sys.executable, "build.py", "images", "manifests/tiny-e2b.yaml", "--out", str(tmp_path)],
+    run = subprocess.run([sys.executable, "build.py", "images", "gemma4_port/manifests/tiny-e2b.yaml", "--out", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and run.stderr.startswith("error: --out writes") and run.stderr.count("\n") == 1
 

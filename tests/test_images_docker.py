@@ -17,12 +17,12 @@ import pytest
 import requests
 
 from gemma4_port.bench.server import free_port
-from support import ROOT
+from support import MANIFESTS, ROOT
 from support.docker_env import docker_engine, registry  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.docker
 
-MANIFEST = ROOT / "manifests" / "tiny-e2b.yaml"
+MANIFEST = MANIFESTS / "tiny-e2b.yaml"
 REPO = "gemma4-inf2/tiny-e2b"
 MANIFEST_TYPES = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
 
@@ -181,9 +181,9 @@ def test_a_base_image_without_python_is_named_before_anything_is_built(docker_en
 
 def test_a_stale_default_os_image_is_checked_before_it_is_trusted(docker_engine, tmp_path):  # noqa: F811
     """An existing local/debian:bookworm was used as it was; one without python3 is named, with the fix."""
-    from gemma4_port.docker_driver import Driver
-    from gemma4_port.imageplan import DEFAULT_OS_IMAGE
-    from gemma4_port.images import image_cache
+    from gemma4_port.images.docker_driver import Driver
+    from gemma4_port.images.plan import DEFAULT_OS_IMAGE
+    from gemma4_port.images.assemble import image_cache
 
     default = DEFAULT_OS_IMAGE["cpu"]
     Driver().ensure_os_image(default, image_cache())  # the real one (made once, from the cached rootfs)

@@ -9,12 +9,13 @@ from pathlib import Path
 from support import ROOT
 from support.sources import project_modules
 
-# What the build package may take from the server: the load path verify shares with it. The host
+# What the build package may take from the server: the load path verify shares with it, and the rank
+# group the CPU tensor-parallel compile traces its ranks in (the server runs them in the same one). The host
 # overhead bench also times the server's own per-token host work (sampling, detokenising).
-RUNTIME_FOR_BUILD = {"runtime", "runtime.model", "runtime.model.loader"}
-RUNTIME_FOR_BENCH = {"gemma4_port.bench.host_overhead": {"runtime.sampling", "runtime.detok"},
+RUNTIME_FOR_BUILD = {"runtime", "runtime.model", "runtime.model.loader", "runtime.model.ranks"}
+RUNTIME_FOR_BENCH = {"gemma4_port.bench.host_overhead": {"runtime.generate.sampling", "runtime.generate.detok"},
                      # it times the server's constrained choice and logprobs with the server's own code
-                     "gemma4_port.bench.constrained": {"runtime.grammar", "runtime.logits", "runtime.sampling"}}
+                     "gemma4_port.bench.constrained": {"runtime.generate.grammar", "runtime.generate.logits", "runtime.generate.sampling"}}
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -90,7 +91,7 @@ def wrong_direction(graph: dict[str, set[str]]) -> list[str]:
 
 def test_imports_run_one_way():
     graph = import_graph()
-    assert {"contract.artifact", "runtime.model.loader", "gemma4_port.compile"} <= set(graph)  # the walk saw them
+    assert {"contract.artifact", "runtime.model.loader", "gemma4_port.compile.backends"} <= set(graph)  # the walk saw them
     assert wrong_direction(graph) == []
 
 
@@ -102,11 +103,11 @@ def test_the_checks_catch_what_they_are_for():
     """A cycle through a lazy import and each wrong direction are found (the checks can fail)."""
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
-    bad = wrong_direction({"contract.x": {"runtime.engine"}, "runtime.engine": {"gemma4_port.compile"},
-                           "gemma4_port.verify": {"runtime.engine", "runtime.model.loader"},
-                           "runtime.model.loader": set(), "gemma4_port.compile": set()})
-    assert [b.split(":")[0] for b in bad] == ["contract.x -> runtime.engine", "gemma4_port.verify -> runtime.engine",
-                                              "runtime.engine -> gemma4_port.compile"]
+    bad = wrong_direction({"contract.x": {"runtime.generate.engine"}, "runtime.generate.engine": {"gemma4_port.compile.backends"},
+                           "gemma4_port.verify.run": {"runtime.generate.engine", "runtime.model.loader"},
+                           "runtime.model.loader": set(), "gemma4_port.compile.backends": set()})
+    assert [b.split(":")[0] for b in bad] == ["contract.x -> runtime.generate.engine", "gemma4_port.verify.run -> runtime.generate.engine",
+                                              "runtime.generate.engine -> gemma4_port.compile.backends"]
     tmp = {"pkg.a": ROOT / "contract" / "errors.py"}
     assert imports_of("pkg.a", tmp["pkg.a"], tmp) == set()
 

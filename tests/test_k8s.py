@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gemma4_port.capacity import INSTANCES, ModelSizes, footprint
-from gemma4_port.configs import text_config_for
-from gemma4_port.manifest import load_manifest
+from gemma4_port.ops.capacity import INSTANCES, ModelSizes, footprint
+from gemma4_port.source.configs import text_config_for
+from gemma4_port.source.manifest import load_manifest
 from runtime.serve import gunicorn_options
 from runtime.settings import Settings
 
-from support import ROOT
+from support import MANIFESTS, ROOT
 
 K8S = ROOT / "deploy" / "k8s"
 BIN = Path(sys.executable).parent
@@ -72,7 +72,7 @@ def test_an_update_never_needs_a_second_device(docs):
 
 def test_the_pod_fits_the_first_load_on_every_node_it_may_land_on(docs):
     """`build.py plan`: the first load of the image's variant peaks at ~10.5 GiB, without swap in a pod."""
-    manifest = load_manifest(ROOT / "manifests" / "gemma-4-e2b.yaml")
+    manifest = load_manifest(MANIFESTS / "gemma-4-e2b.yaml")
     peak = footprint(ModelSizes(text_config_for(manifest)), manifest.variant(manifest.images.variant)).load_peak
     pod = docs["Deployment"]["spec"]["template"]["spec"]
     resources = pod["containers"][0]["resources"]

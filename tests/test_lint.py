@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from gemma4_port.lint import LintError, check_traced
+from gemma4_port.port.lint import LintError, check_traced
 
 VOCAB = 4096
 

@@ -1,4 +1,4 @@
-"""runtime.logits: penalties, bias, min_tokens and the grammar mask against dense references, and
+"""runtime.generate.logits: penalties, bias, min_tokens and the grammar mask against dense references, and
 logprobs against torch's log_softmax of the softcapped row."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from runtime.logits import Controls, TokenChooser, capped_row, logprobs, prompt_logprob
-from runtime.sampling import SamplingParams, sample, softcap
+from runtime.generate.logits import Controls, TokenChooser, capped_row, logprobs, prompt_logprob
+from runtime.generate.sampling import SamplingParams, sample, softcap
 
 V, CAP = 4096, 30.0
 EOS = (1, 5)

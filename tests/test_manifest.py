@@ -5,11 +5,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gemma4_port.manifest import ManifestError, load_manifest
+from gemma4_port.source.manifest import ManifestError, load_manifest
 
-from support import ROOT
+from support import MANIFESTS, ROOT
 
-SHIPPED = sorted((ROOT / "manifests").glob("*.yaml"))
+SHIPPED = sorted(MANIFESTS.glob("*.yaml"))
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
@@ -19,7 +19,7 @@ def test_shipped_manifests_parse(path):
 
 
 def test_real_manifests_use_the_seed_tp():
-    tp = {n: {v.tp for v in load_manifest(ROOT / f"manifests/{n}.yaml").variants}
+    tp = {n: {v.tp for v in load_manifest(MANIFESTS / f"{n}.yaml").variants}
           for n in ("gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b")}
     assert 1 in tp["gemma-4-e2b"] and 2 in tp["gemma-4-e4b"] and tp["gemma-4-12b"] == {2}
 
@@ -31,7 +31,7 @@ def _write(tmp_path, data) -> Path:
 
 
 def _base():
-    return yaml.safe_load((ROOT / "manifests/tiny-e2b.yaml").read_text())
+    return yaml.safe_load((MANIFESTS / "tiny-e2b.yaml").read_text())
 
 
 @pytest.mark.parametrize("mutate, field, words", [
@@ -62,7 +62,7 @@ def test_bad_manifest_names_file_and_field(tmp_path, mutate, field, words):
 
 
 def test_unknown_variant_lists_the_choices():
-    m = load_manifest(ROOT / "manifests/tiny-e2b.yaml")
+    m = load_manifest(MANIFESTS / "tiny-e2b.yaml")
     with pytest.raises(ManifestError, match=r"no variant 'nope'; choose one of \['fp32', 'bf16'"):
         m.variant("nope")
 
@@ -95,6 +95,6 @@ def test_a_directory_is_one_error_line(tmp_path):
 
 
 def test_manifests_are_frozen():
-    m = load_manifest(ROOT / "manifests/tiny-e2b.yaml")
+    m = load_manifest(MANIFESTS / "tiny-e2b.yaml")
     with pytest.raises(Exception):
         m.variants[0].tp = 2

@@ -5,12 +5,12 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from contract.greedy import softcap
-from gemma4_port.checkpoint import CheckpointReader
-from gemma4_port.graphs import DecodeGraph, PrefillGraph
-from gemma4_port.lint import check_traced
-from gemma4_port.model import Gemma4Decoder, WeightError, copy_slot
-from gemma4_port.reference import load_reference, reference_greedy
-from gemma4_port.tracing import trace_quietly
+from gemma4_port.source.checkpoint import CheckpointReader
+from gemma4_port.port.graphs import DecodeGraph, PrefillGraph
+from gemma4_port.port.lint import check_traced
+from gemma4_port.port.model import Gemma4Decoder, WeightError, copy_slot
+from gemma4_port.verify.reference import load_reference, reference_greedy
+from gemma4_port.compile.tracing import trace_quietly
 from runtime.model.prefix import reusable_prefix
 from runtime.model.runner import chunks
 

@@ -11,18 +11,18 @@ import torch
 
 from contract.hostside import HostInputs
 from contract.layout import KV_STATE, neuron_layout, signature
-from gemma4_port.configs import text_config_for
-from gemma4_port.graphs import CopyGraph, DecodeGraph, PrefillGraph
-from gemma4_port.manifest import load_manifest
-from gemma4_port.model import Gemma4Decoder, kv_shapes
-from gemma4_port.neuron import (
+from gemma4_port.source.configs import text_config_for
+from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph
+from gemma4_port.source.manifest import load_manifest
+from gemma4_port.port.model import Gemma4Decoder, kv_shapes
+from gemma4_port.compile.neuron import (
     DECODER, DeviceKV, check_inputs, check_spmd, empty_decoder, full_checkpoint, graph_inputs, load_buffers,
     nxd_plan,
 )
-from gemma4_port.sharding import REPLICATED, shard_model
-from gemma4_port.tracing import CompileError
+from gemma4_port.port.sharding import REPLICATED, shard_model
+from gemma4_port.compile.tracing import CompileError
 
-from support import ROOT
+from support import MANIFESTS, ROOT
 from support.builds import started
 from support.copies import check_copied
 
@@ -100,7 +100,7 @@ def test_copy_alias_writes_the_target_slot_and_the_copy_key_holds_no_weights():
 
 @pytest.mark.parametrize("name", TINY + REAL)
 def test_nxd_layers_of_each_rank_match_the_sharding_plan(name):
-    config = text_config_for(load_manifest(ROOT / f"manifests/{name}.yaml"))
+    config = text_config_for(load_manifest(MANIFESTS / f"{name}.yaml"))
     shards = [shard_model(config, 2, r) for r in range(2)]
     check_spmd(shards)
     with torch.device("meta"):
@@ -182,7 +182,7 @@ def test_kv_state_is_named_as_the_server_reads_it():
 def test_compile_for_neuron_without_the_sdk_stops_at_once_naming_the_package(tmp_path):
     out = tmp_path / "artifact"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "build.py"), "compile", str(ROOT / "manifests/tiny-e4b.yaml"),
+        [sys.executable, str(ROOT / "build.py"), "compile", str(MANIFESTS / "tiny-e4b.yaml"),
          "--variant", "tp2", "--backend", "neuron", "--out", str(out)],
         capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert result.returncode == 2

@@ -9,15 +9,15 @@ import pytest
 import torch
 
 from contract.artifact import ArtifactError, write_raw
-from gemma4_port.configs import text_config_for
-from gemma4_port.manifest import load_manifest
-from gemma4_port.model import kv_shapes
-from gemma4_port.neuron import kv_head_ranges
-from gemma4_port.sharding import shard_model
+from gemma4_port.source.configs import text_config_for
+from gemma4_port.source.manifest import load_manifest
+from gemma4_port.port.model import kv_shapes
+from gemma4_port.compile.neuron import kv_head_ranges
+from gemma4_port.port.sharding import shard_model
 from runtime.model.loader import load_artifact
 from runtime.model.neuron import join_kv, split_kv
 
-from support import ROOT
+from support import MANIFESTS
 
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
 RECORDED = {"neuronx-cc": "2.23.6484.0+3b612583", "torch-neuronx": "2.8.0.2.10.16998",
@@ -27,7 +27,7 @@ RECORDED = {"neuronx-cc": "2.23.6484.0+3b612583", "torch-neuronx": "2.8.0.2.10.1
 
 @pytest.mark.parametrize("name", TINY)
 def test_host_prefill_kv_splits_into_each_ranks_buffers_and_back(name):
-    config = text_config_for(load_manifest(ROOT / f"manifests/{name}.yaml"))
+    config = text_config_for(load_manifest(MANIFESTS / f"{name}.yaml"))
     shards = [shard_model(config, 2, r) for r in range(2)]
     ranges = kv_head_ranges(shards)
     full = [torch.randn(s) for s in kv_shapes(shard_model(config), 3, 20, 12)]

@@ -20,10 +20,10 @@ import torch
 import yaml
 
 from contract.artifact import ArtifactError, write_raw
-from gemma4_port.manifest import load_manifest
+from gemma4_port.source.manifest import load_manifest
 from runtime.model.loader import load_artifact
 
-from support import ROOT
+from support import MANIFESTS, ROOT
 
 pytestmark = pytest.mark.neuron
 
@@ -41,7 +41,7 @@ CASES = [
 
 def compile_in_own_process(name: str, variant: str, change: dict, folder: Path) -> Path:
     """The manifest narrowed to the changed variant, compiled by `build.py compile` in a process of its own."""
-    raw = yaml.safe_load((ROOT / f"manifests/{name}.yaml").read_text())
+    raw = yaml.safe_load((MANIFESTS / f"{name}.yaml").read_text())
     raw["variants"] = [v | change for v in raw["variants"] if v["name"] == variant]
     raw["images"]["variant"] = variant
     raw["images"]["tags"] = {"base": "latest"}

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import openai
 import pytest
+from support import MANIFESTS
 from support.sdk import ROOT, STANDIN, run_cli, run_python, sdk_env
 
 from contract.layout import NXD_MODEL, NXD_WEIGHTS
 from gemma4_port.bench.server import Server
-from gemma4_port.manifest import load_manifest
+from gemma4_port.source.manifest import load_manifest
 
 LAYOUTS = {  # the four ways a Neuron artifact runs; all through one ModelBuilder model
     "tp1": ("tiny-e2b", "fp32"),
@@ -31,7 +32,7 @@ def neuron_artifact(tmp_path_factory):
         if layout not in made:
             name, variant = LAYOUTS[layout]
             out = tmp_path_factory.mktemp(layout) / "artifact"
-            done = run_cli("compile", ROOT / f"manifests/{name}.yaml", "--variant", variant, "--backend", "neuron",
+            done = run_cli("compile", MANIFESTS / f"{name}.yaml", "--variant", variant, "--backend", "neuron",
                            "--out", out)
             assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
             made[layout] = out, done.stderr
@@ -181,7 +182,7 @@ SDK_2_28 = {"torch_neuronx": "2.8.0.2.12.22436", "neuronx_cc": "2.23.6484.0", "n
             "neuron_driver": "2.26.5.0"}
 
 
-@pytest.mark.parametrize("path", sorted((ROOT / "manifests").glob("*.yaml")), ids=lambda p: p.stem)
+@pytest.mark.parametrize("path", sorted(MANIFESTS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_manifests_pin_sdk_2_28_exactly_and_compile_as_nxd_inference_does(path):
     """Findings 3 and 6: exact builds of the release the manifest names; --auto-cast=none (what NxD
     Inference passes for bf16 weights; `all` downcast the float32 RMSNorm and softmax)."""
@@ -192,7 +193,7 @@ def test_manifests_pin_sdk_2_28_exactly_and_compile_as_nxd_inference_does(path):
 
 
 def test_a_toolchain_with_a_release_prefix_is_refused(tmp_path):
-    text = (ROOT / "manifests/tiny-e2b.yaml").read_text().replace('"2.8.0.2.12.22436"', '"2.8.0"')
+    text = (MANIFESTS / "tiny-e2b.yaml").read_text().replace('"2.8.0.2.12.22436"', '"2.8.0"')
     (tmp_path / "m.yaml").write_text(text)
     with pytest.raises(Exception, match="toolchain.torch_neuronx"):
         load_manifest(tmp_path / "m.yaml")

@@ -1,4 +1,4 @@
-"""contract.ranks: a group of rank processes that fails as a whole, by name and at once, when one
+"""runtime.model.ranks: a group of rank processes that fails as a whole, by name and at once, when one
 rank raises, stalls or dies; and tensors that travel by value."""
 
 import time
@@ -6,7 +6,7 @@ import time
 import pytest
 import torch
 
-from contract.ranks import RankGroup, TensorParallelError
+from runtime.model.ranks import RankGroup, TensorParallelError
 
 from support.processes import gone
 

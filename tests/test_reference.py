@@ -11,15 +11,15 @@ import torch
 from packaging.specifiers import SpecifierSet
 from packaging.requirements import Requirement
 
-from gemma4_port.checkpoint import resolve_checkpoint
-from gemma4_port.manifest import load_manifest
-from gemma4_port.reference import load_reference, reference_greedy
+from gemma4_port.source.checkpoint import resolve_checkpoint
+from gemma4_port.source.manifest import load_manifest
+from gemma4_port.verify.reference import load_reference, reference_greedy
 
-from support import ROOT
+from support import MANIFESTS, ROOT
 
 
 def test_greedy_uses_the_cache_without_deprecated_arguments():
-    model = load_reference(resolve_checkpoint(load_manifest(ROOT / "manifests/tiny-e2b.yaml")))
+    model = load_reference(resolve_checkpoint(load_manifest(MANIFESTS / "tiny-e2b.yaml")))
     ids = [2, 100, 200, 300]
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # transformers 5.24 warns on `past_key_values` (gone in 5.40)

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gemma4_port.tokenizer import RESPONSE_SCHEMA, train_tokenizer
-from runtime.detok import Detokenizer
-from runtime.reply import Content, Reasoning, ReplyParser, ToolCall
+from gemma4_port.source.toy_tokenizer import RESPONSE_SCHEMA, train_tokenizer
+from runtime.generate.detok import Detokenizer
+from runtime.api.reply_parser import Content, Reasoning, ReplyParser, ToolCall
 
 Q = '<|"|>'
 HI = [{"role": "user", "content": "Hi"}]

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from runtime.app import create_app
+from runtime.http.app import create_app
 from runtime.settings import Settings
 
 from support.engines import ready

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from contract.greedy import argmax
-from runtime.sampling import (
+from runtime.generate.sampling import (
     GREEDY_BELOW, SamplingParams, distribution, draw, min_p_keep, nucleus, sample, softcap, top_candidates,
 )
 

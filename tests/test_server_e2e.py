@@ -22,7 +22,7 @@ from contract.artifact import load_meta
 from contract.tokenizer import load_tokenizer
 from gemma4_port.bench.server import Server as ServedArtifact
 from gemma4_port.bench.server import free_port
-from gemma4_port.reference import load_reference, reference_greedy
+from gemma4_port.verify.reference import load_reference, reference_greedy
 
 from support import ROOT
 

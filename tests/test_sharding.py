@@ -12,12 +12,12 @@ import torch
 from rich.console import Console
 from transformers import Gemma4TextConfig
 
-from gemma4_port.configs import text_config_for
-from gemma4_port.manifest import load_manifest
-from gemma4_port.model import Gemma4Decoder, kv_shapes
-from gemma4_port.sharding import REPLICATED, SPLIT, ShardingError, shard_model, shard_table
+from gemma4_port.source.configs import text_config_for
+from gemma4_port.source.manifest import load_manifest
+from gemma4_port.port.model import Gemma4Decoder, kv_shapes
+from gemma4_port.port.sharding import REPLICATED, SPLIT, ShardingError, shard_model, shard_table
 
-from support import ROOT
+from support import MANIFESTS
 
 REAL = ["gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b"]
 SPLIT_TENSORS = ("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -25,11 +25,11 @@ SPLIT_TENSORS = ("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 @pytest.fixture(scope="module", params=REAL)
 def config(request):
-    return text_config_for(load_manifest(ROOT / f"manifests/{request.param}.yaml"))
+    return text_config_for(load_manifest(MANIFESTS / f"{request.param}.yaml"))
 
 
 def real(name):
-    return text_config_for(load_manifest(ROOT / f"manifests/{name}.yaml"))
+    return text_config_for(load_manifest(MANIFESTS / f"{name}.yaml"))
 
 
 def meta_decoder(config, tp=1, rank=0) -> Gemma4Decoder:
@@ -194,7 +194,7 @@ def test_a_plan_that_cannot_hold_fails_with_a_clear_error():
         shard_model(real("gemma-4-e4b"), 3, 0)
     with pytest.raises(ShardingError, match="rank 2 of tp 2"):
         shard_model(real("gemma-4-e4b"), 2, 2)
-    odd = load_manifest(ROOT / "manifests/tiny-e4b.yaml").model.random.config | {"num_attention_heads": 12,
+    odd = load_manifest(MANIFESTS / "tiny-e4b.yaml").model.random.config | {"num_attention_heads": 12,
                                                                                  "num_key_value_heads": 3}
     with pytest.raises(ShardingError, match="3 KV heads neither divide by tp=2 nor keep each rank's 6 query heads"):
         shard_model(Gemma4TextConfig(**odd), 2, 0)  # rank 0's 6 query heads would span 1.5 groups of 4

@@ -9,11 +9,11 @@ import re
 import pytest
 from jinja2 import TemplateError
 
-from gemma4_port.checkpoint import resolve_checkpoint
-from gemma4_port.manifest import load_manifest
-from gemma4_port.tokenizer import RESPONSE_SCHEMA, SPECIAL_TOKENS, train_tokenizer
+from gemma4_port.source.checkpoint import resolve_checkpoint
+from gemma4_port.source.manifest import load_manifest
+from gemma4_port.source.toy_tokenizer import RESPONSE_SCHEMA, SPECIAL_TOKENS, train_tokenizer
 
-from support import ROOT
+from support import MANIFESTS
 
 Q = '<|"|>'
 WEATHER = {"type": "function", "function": {
@@ -126,7 +126,7 @@ def test_arguments_must_be_an_object_not_json_text(small):
 
 @pytest.mark.parametrize("name,empty_block", [("tiny-e2b", False), ("tiny-12b", True)])
 def test_random_checkpoint_carries_the_protocol(name, empty_block):
-    folder = resolve_checkpoint(load_manifest(ROOT / f"manifests/{name}.yaml"))
+    folder = resolve_checkpoint(load_manifest(MANIFESTS / f"{name}.yaml"))
     config = json.loads((folder / "tokenizer_config.json").read_text())
     assert config["response_schema"] == RESPONSE_SCHEMA and config["eot_token"] == "<turn|>"
     vocab = json.loads((folder / "tokenizer.json").read_text())

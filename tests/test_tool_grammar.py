@@ -10,11 +10,11 @@ import jsonschema
 import numpy as np
 import pytest
 
-from gemma4_port.tokenizer import train_tokenizer
-from runtime.chat import Tool
-from runtime.grammar import Grammar, Grammars
-from runtime.reply import ReplyParser, ToolCall
-from runtime.tool_grammar import forced_calls
+from gemma4_port.source.toy_tokenizer import train_tokenizer
+from runtime.api.chat import Tool
+from runtime.generate.grammar import Grammar, Grammars
+from runtime.api.reply_parser import ReplyParser, ToolCall
+from runtime.api.tool_grammar import forced_calls
 
 PARAMS = {
     "type": "object",

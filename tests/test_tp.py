@@ -13,10 +13,10 @@ import torch
 from contract.artifact import load_meta
 from contract.dtypes import DTYPES
 from contract.hostside import HostInputs, HostTables
-from contract.ranks import TensorParallelError
-from gemma4_port.checkpoint import CheckpointReader, read_text_config
-from gemma4_port.model import kv_shapes
-from gemma4_port.sharding import REPLICATED, SPLIT, shard_model
+from runtime.model.ranks import TensorParallelError
+from gemma4_port.source.checkpoint import CheckpointReader, read_text_config
+from gemma4_port.port.model import kv_shapes
+from gemma4_port.port.sharding import REPLICATED, SPLIT, shard_model
 from runtime.model.loader import load_artifact
 
 from support.cli import verify

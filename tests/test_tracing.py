@@ -1,4 +1,4 @@
-"""gemma4_port.tracing: example inputs from the rows a trace needs, and the CPU graphs as methods of
+"""gemma4_port.compile.tracing: example inputs from the rows a trace needs, and the CPU graphs as methods of
 one module sharing one copy of the weights."""
 
 from pathlib import Path
@@ -8,8 +8,8 @@ import torch
 from contract.artifact import load_meta
 from contract.dtypes import DTYPES
 from contract.hostside import HostInputs, HostTables
-from gemma4_port.checkpoint import CheckpointReader
-from gemma4_port.tracing import EXAMPLE_TOKEN, example_inputs, host_tables
+from gemma4_port.source.checkpoint import CheckpointReader
+from gemma4_port.compile.tracing import EXAMPLE_TOKEN, example_inputs, host_tables
 
 from support.builds import setup
 from support.copies import check_copied, planted_kv

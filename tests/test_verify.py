@@ -1,19 +1,18 @@
 """`build.py verify`: compile then verify, and one test per way an artifact can be silently wrong."""
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
 
 from contract.artifact import load_meta, sha256, write_raw
-from gemma4_port.compile import compile_artifact
-from gemma4_port.manifest import load_manifest, parse_manifest
-from gemma4_port.model import Gemma4Decoder
-from gemma4_port.tracing import CompileError
+from gemma4_port.compile.backends import compile_artifact
+from gemma4_port.source.manifest import load_manifest, parse_manifest
+from gemma4_port.port.model import Gemma4Decoder
+from gemma4_port.compile.tracing import CompileError
 
-from support import ROOT
+from support import MANIFESTS
 from support.cli import verify
 
 
@@ -75,7 +74,7 @@ def test_long_prompts_reuse_and_chunk_stages_match(compiled, name, variant):
 def test_any_random_config_works(tmp_path):
     """Not just the three shipped shapes: no PLE, GQA 6:2, k_eq_v off, window 4, only 4 layers."""
     data = {
-        "name": "odd", "toolchain": load_manifest(ROOT / "manifests/tiny-e2b.yaml").toolchain.model_dump(),
+        "name": "odd", "toolchain": load_manifest(MANIFESTS / "tiny-e2b.yaml").toolchain.model_dump(),
         "model": {"random": {"seed": 5, "config": {
             "vocab_size": 512, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 4,
             "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
@@ -99,11 +98,11 @@ def test_layer_scalar_left_at_one_fails_verify(tmp_path, monkeypatch):
             layer.layer_scalar.fill_(1.0)
 
     monkeypatch.setattr(Gemma4Decoder, "load_weights", params_only)
-    manifest = load_manifest(ROOT / "manifests/tiny-e2b.yaml")
+    manifest = load_manifest(MANIFESTS / "tiny-e2b.yaml")
     with pytest.raises(CompileError, match="disagree with the float reference"):
         compile_artifact(manifest, manifest.variant("fp32"), tmp_path / "a")  # compile's own check catches it
     # An artifact made without that check (elsewhere, or by an older build) is caught by verify.
-    monkeypatch.setattr("gemma4_port.pipeline.self_test_here", lambda folder: None)
+    monkeypatch.setattr("gemma4_port.compile.pipeline.self_test_here", lambda folder: None)
     out = compile_artifact(manifest, manifest.variant("fp32"), tmp_path / "b")
     result = verify(out, "--quick")
     assert result.returncode == 1, result.stdout + result.stderr

@@ -11,10 +11,10 @@ from rich.console import Console
 
 from contract.artifact import load_meta
 from contract.logit_error import BOUNDS
-from gemma4_port import model as port
-from gemma4_port.compile import compile_artifact
-from gemma4_port.manifest import load_manifest
-from gemma4_port.verify import verify_artifact
+from gemma4_port.port import model as port
+from gemma4_port.compile.backends import compile_artifact
+from gemma4_port.source.manifest import load_manifest
+from gemma4_port.verify.run import verify_artifact
 from runtime.model.loader import SelfTestFailed, load_artifact
 from support import MANIFESTS
 from support.artifact_copies import with_rope_scaled
@@ -34,7 +34,7 @@ def compiled_with(monkeypatch, tmp_path, name: str, variant: str, target, attr: 
     """A copy of the graph with one bug planted, made without compile's own self-test (as an artifact
     built elsewhere, or by an older build, would be)."""
     monkeypatch.setattr(target, attr, planted)
-    monkeypatch.setattr("gemma4_port.pipeline.self_test_here", lambda folder: None)
+    monkeypatch.setattr("gemma4_port.compile.pipeline.self_test_here", lambda folder: None)
     manifest = load_manifest(MANIFESTS / f"{name}.yaml")
     return compile_artifact(manifest, manifest.variant(variant), tmp_path / "planted")
 
@@ -120,7 +120,7 @@ def test_golden_steps_come_from_the_reference_alone(compiled):
     """What the self-test judges by is the float reference's, stored at compile time: no device run
     goes into it, so a compile where the graphs cannot run (Neuron inside `docker build`) stores the
     same data."""
-    from gemma4_port.reference import load_reference, reference_greedy
+    from gemma4_port.verify.reference import load_reference, reference_greedy
     from contract.logit_error import GOLDEN_TOP
 
     meta = load_meta(compiled("tiny-e2b", "bf16"))

@@ -27,13 +27,13 @@ from rich.console import Console
 from contract.artifact import load_meta
 from contract.tokenizer import load_tokenizer
 
-from .. import ROOT
-from ..manifest import Manifest, Variant, load_manifest, parse_manifest
-from . import batching, concurrency, constrained, host_overhead, longctx, memory, report, throughput
-from .errors import BenchError
-from .server import Server
+from gemma4_port import MANIFESTS
+from gemma4_port.source.manifest import Manifest, Variant, load_manifest, parse_manifest
+from gemma4_port.bench import batching, concurrency, constrained, host_overhead, longctx, memory, report, throughput
+from gemma4_port.bench.errors import BenchError
+from gemma4_port.bench.server import Server
 
-SCALE_MANIFEST = {"tiny": ROOT / "manifests/tiny-e2b.yaml", "small": ROOT / "manifests/small-e2b.yaml"}
+SCALE_MANIFEST = {"tiny": MANIFESTS / "tiny-e2b.yaml", "small": MANIFESTS / "small-e2b.yaml"}
 MB = 1 << 20
 
 
@@ -64,7 +64,7 @@ SCALES = {
 
 
 def _compile(manifest: Manifest, variant: Variant, work: Path, backend: str, console: Console) -> Path:
-    from ..compile import compile_artifact
+    from gemma4_port.compile.backends import compile_artifact
 
     console.log(f"compiling {manifest.name}/{variant.name} (batch {variant.batch}, {backend}) into {work}")
     return compile_artifact(manifest, variant, work / f"{manifest.name}-{variant.name}", backend=backend)

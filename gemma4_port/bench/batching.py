@@ -18,8 +18,8 @@ from pathlib import Path
 from contract.greedy import argmax
 from runtime.model.loader import load_artifact
 
-from .concurrency import PROMPTS
-from .stats import ratio, summary
+from gemma4_port.bench.concurrency import PROMPTS
+from gemma4_port.bench.stats import ratio, summary
 
 # TorchScript profiles a graph on its first call and optimises it on the second; a batch-1 artifact
 # prefills once per round.

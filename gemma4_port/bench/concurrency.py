@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import requests
 
-from .stats import summary
+from gemma4_port.bench.stats import summary
 
 PROMPTS = (
     "The capital of France is",

@@ -1,5 +1,5 @@
 """Host cost per decode step of constrained decoding and logprobs at the real vocabulary (262,144),
-next to a plain greedy step, with the runtime's own code (runtime.logits.TokenChooser, runtime.grammar).
+next to a plain greedy step, with the runtime's own code (runtime.generate.logits.TokenChooser, runtime.generate.grammar).
 
 The vocabulary is synthetic, shaped like a multilingual byte-level BPE one: word pieces with and
 without a leading space, numbers, punctuation runs, whitespace runs and CJK, Cyrillic, Arabic, Hangul
@@ -16,12 +16,12 @@ import time
 
 import torch
 
-from runtime.grammar import Grammar, Grammars
-from runtime.logits import Controls, TokenChooser, logprobs
-from runtime.sampling import SamplingParams, sample
+from runtime.generate.grammar import Grammar, Grammars
+from runtime.generate.logits import Controls, TokenChooser, logprobs
+from runtime.generate.sampling import SamplingParams, sample
 
-from .host_overhead import DEVICE_STEP_MS, logit_rows, real_geometry
-from .stats import summary
+from gemma4_port.bench.host_overhead import DEVICE_STEP_MS, logit_rows, real_geometry
+from gemma4_port.bench.stats import summary
 
 SCHEMA = {  # a typical extraction schema: strings, a bounded integer, an enum, an array, a nested object
     "type": "object", "additionalProperties": False,

@@ -17,17 +17,17 @@ import torch
 from contract.dtypes import DTYPES
 from contract.greedy import softcap
 from contract.hostside import HostInputs
-from runtime.detok import TextStream
-from runtime.sampling import SamplingParams, sample
+from runtime.generate.detok import TextStream
+from runtime.generate.sampling import SamplingParams, sample
 
-from .. import ROOT
-from ..configs import text_config_for
-from ..manifest import load_manifest
-from ..sharding import shard_model
-from ..tracing import geometry
-from .stats import summary
+from gemma4_port import MANIFESTS, ROOT
+from gemma4_port.source.configs import text_config_for
+from gemma4_port.source.manifest import load_manifest
+from gemma4_port.port.sharding import shard_model
+from gemma4_port.compile.tracing import geometry
+from gemma4_port.bench.stats import summary
 
-REAL_MANIFEST = ROOT / "manifests/gemma-4-e2b.yaml"
+REAL_MANIFEST = MANIFESTS / "gemma-4-e2b.yaml"
 DEVICE_STEP_MS = 22.0  # ~44 tok/s: an E2B decode step on one NeuronCore, as an earlier port measured it
 ID_POOL = 4096  # distinct token ids looked up (their rows are the only ones written)
 SAMPLERS = {

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import psutil
 
-from .stats import summary
+from gemma4_port.bench.stats import summary
 
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
 CLOSER = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
@@ -243,7 +243,7 @@ def run(host: str, port: int, model: str, attack: Attack, seconds: float, rounds
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .server import Server
+    from gemma4_port.bench.server import Server
 
     p = argparse.ArgumentParser(prog="python -m gemma4_port.bench.hostile", description=__doc__.split("\n\n")[0])
     p.add_argument("artifact", type=Path, help="a compiled artifact directory to serve")

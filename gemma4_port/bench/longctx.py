@@ -22,9 +22,9 @@ import requests
 
 from contract.artifact import load_meta
 
-from .errors import BenchError
-from .server import Server
-from .stats import ratio, summary
+from gemma4_port.bench.errors import BenchError
+from gemma4_port.bench.server import Server
+from gemma4_port.bench.stats import ratio, summary
 
 STREAMS = 3
 TIMEOUT_S = 600.0

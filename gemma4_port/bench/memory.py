@@ -15,9 +15,9 @@ from pathlib import Path
 
 from contract.artifact import HOST_TABLES, ArtifactMeta
 
-from .. import ROOT
-from .errors import BenchError
-from .server import MODEL_MODULE
+from gemma4_port import ROOT
+from gemma4_port.bench.errors import BenchError
+from gemma4_port.bench.server import MODEL_MODULE
 
 MB = 1 << 20
 
@@ -27,7 +27,7 @@ import json, os, sys
 from pathlib import Path
 import psutil, torch
 from gemma4_port.bench.server import vm_hwm
-from gemma4_port.reference import load_reference
+from gemma4_port.verify.reference import load_reference
 torch.set_grad_enabled(False)
 m = load_reference(Path({ckpt!r})).to(getattr(torch, {dtype!r}))
 m(torch.tensor([[2, 3, 4]]))

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import requests
 
-from .. import ROOT
-from .errors import BenchError
+from gemma4_port import ROOT
+from gemma4_port.bench.errors import BenchError
 
 MODEL_MODULE = "transformers.modeling_utils"
 IMPORT_LOG_PREFIX = "import time:"

@@ -15,8 +15,8 @@ from contract.dtypes import DTYPES
 from contract.greedy import argmax
 from runtime.model.loader import load_artifact
 
-from ..reference import load_reference
-from .stats import ratio, summary
+from gemma4_port.verify.reference import load_reference
+from gemma4_port.bench.stats import ratio, summary
 
 PROMPTS = (
     "The capital of France is",

@@ -12,7 +12,7 @@ from contract.hostside import HostInputs, HostTables
 from contract.logit_error import judge_golden
 from contract.tokenizer import load_tokenizer
 
-from .runner import Backend, ModelRunner
+from runtime.model.runner import Backend, ModelRunner
 
 
 class SelfTestFailed(Gemma4Error, RuntimeError):
@@ -51,14 +51,14 @@ def make_backend(folder: Path, meta: ArtifactMeta) -> Backend:
     """The backend the artifact was compiled for; each is imported only when chosen (the Neuron one
     needs the SDK, the tp one spawns processes)."""
     if meta.backend == "cpu" and meta.geometry.tp == 1:
-        from .cpu import CpuBackend
+        from runtime.model.cpu import CpuBackend
 
         return CpuBackend(folder, meta)
     if meta.backend == "cpu":
-        from .tp import CpuTensorParallelBackend
+        from runtime.model.tp import CpuTensorParallelBackend
 
         return CpuTensorParallelBackend(folder, meta)
-    from .neuron import NeuronBackend
+    from runtime.model.neuron import NeuronBackend
 
     return NeuronBackend(folder, meta)
 

@@ -13,8 +13,8 @@ from contract.errors import Gemma4Error
 from contract.greedy import argmax
 from contract.hostside import HostInputs
 
-from .prefix import reusable_prefix, ring_holds
-from .slots import Slot, SlotState
+from runtime.model.prefix import reusable_prefix, ring_holds
+from runtime.model.slots import Slot, SlotState
 
 
 class Backend(Protocol):

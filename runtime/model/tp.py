@@ -1,4 +1,4 @@
-"""Tensor parallelism on the CPU: one process per rank (contract.ranks.RankGroup).
+"""Tensor parallelism on the CPU: one process per rank (runtime.model.ranks.RankGroup).
 
 Each rank process holds only its shard of the weights (inside its own TorchScript graphs) and its
 own KV buffers. The row-parallel projections (o_proj, down_proj) sum their partial outputs with
@@ -14,9 +14,9 @@ from pathlib import Path
 import torch
 
 from contract.artifact import ArtifactMeta
-from contract.ranks import CALL_TIMEOUT_S, RankGroup
+from runtime.model.ranks import CALL_TIMEOUT_S, RankGroup
 
-from .cpu import CpuBackend
+from runtime.model.cpu import CpuBackend
 
 
 class _Rank(CpuBackend):

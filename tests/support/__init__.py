@@ -5,4 +5,4 @@ docker_env (a real Docker engine and registry for the docker-marked tests)."""
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
-MANIFESTS = ROOT / "manifests"
+MANIFESTS = ROOT / "gemma4_port" / "manifests"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from runtime.engine import Engine, State
+from runtime.generate.engine import Engine, State
 from runtime.settings import Settings
 
 

@@ -10,7 +10,7 @@ import pytest
 import httpx2
 import openai
 
-from runtime.app import create_app
+from runtime.http.app import create_app
 from runtime.settings import Settings
 
 from support.engines import ready

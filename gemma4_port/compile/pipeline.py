@@ -1,0 +1,193 @@
+"""The compile pipeline: one start (checkpoint, sharding plan, geometry, host tables, an emptied
+artifact folder), a graph builder per backend, one finish (host tables, golden tokens from the float
+reference with its best logits per step, sha256 of every file, artifact.json, and the server's
+self-test on the saved artifact where the graphs can run here).
+
+A builder (cpu, cpu tp, neuron) plugs in through `GraphBuilder`: it checks what it needs before any
+work, then writes its graphs into the folder and names them."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import platform
+import shutil
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import torch
+
+from contract.artifact import (
+    ARTIFACT_FORMAT, HOST_TABLES, ArtifactMeta, Geometry, Golden, GoldenStep, sha256, write_meta,
+)
+from contract.logit_error import golden_steps
+from contract.tokenizer import load_tokenizer
+from runtime.model.loader import SelfTestFailed, load_artifact
+
+from gemma4_port.source.checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
+from gemma4_port.source.manifest import Manifest, Variant
+from gemma4_port.verify.reference import load_reference, reference_greedy
+from gemma4_port.port.sharding import ModelShard, shard_model
+from gemma4_port.compile.tracing import CompileError, TableBlobs, geometry, host_tables
+
+GOLDEN_STEPS = 8
+GOLDEN_PROMPTS = (
+    ("capital", "text", "The capital of France is"),
+    ("hello", "text", "hello world"),
+    ("chat", "chat", "Capital of France?"),
+)
+
+
+
+@contextmanager
+def step(progress, text: str):
+    """One line of the compile's progress display (none without a display)."""
+    task = progress.add_task(text, total=None) if progress else None
+    yield
+    if progress:
+        progress.update(task, total=1, completed=1)
+
+
+@dataclass
+class Build:
+    """What every graph builder starts from."""
+
+    manifest: Manifest
+    variant: Variant
+    out: Path | None  # None: a build looked at, with nothing written (the tests')
+    ckpt: Path
+    config: object  # Gemma4TextConfig
+    reader: CheckpointReader
+    shards: list[ModelShard]  # one per rank
+    geo: Geometry
+    tables: TableBlobs
+
+
+class GraphBuilder(Protocol):
+    backend: Literal["cpu", "neuron"]  # what artifact.json records and the loader picks a backend by
+
+    def check(self) -> dict[str, str]:
+        """Before any work: refuse what cannot build; the versions to record in artifact.json."""
+
+    def graphs(self, b: Build, progress) -> dict[str, str]:
+        """Write the graphs into b.out; graph name -> path relative to it."""
+
+
+def run_pipeline(builder: GraphBuilder, manifest: Manifest, variant: Variant, out: Path, progress=None) -> Path:
+    versions = builder.check()
+    b = start_build(manifest, variant, out, progress)
+    return finish(b, builder.graphs(b, progress), builder.backend, progress, versions)
+
+
+def start_build(manifest: Manifest, variant: Variant, out: Path | None = None, progress=None) -> Build:
+    """The checkpoint, the sharding plan (made once: a plan that cannot hold fails before any work),
+    the geometry and host tables, and an emptied artifact folder (unless `out` is None)."""
+    torch.set_grad_enabled(False)
+    with step(progress, "checkpoint"):
+        ckpt = resolve_checkpoint(manifest)
+        config = read_text_config(ckpt)
+        reader = CheckpointReader(ckpt)
+    shards = [shard_model(config, variant.tp, r) for r in range(variant.tp)]
+    geo = geometry(config, shards[0], variant)  # every rank has the same per-rank shapes and inputs
+    if out is not None:
+        _prepare(out, ckpt)
+    return Build(manifest, variant, out, ckpt, config, reader, shards, geo, host_tables(reader, geo))
+
+
+def _prepare(out: Path, ckpt: Path) -> None:
+    if out.exists():
+        shutil.rmtree(out)
+    (out / "graphs").mkdir(parents=True)
+    (out / "host").mkdir()
+    tok = load_tokenizer(ckpt)
+    tok.save_pretrained(out / "tokenizer")
+    shutil.copy(ckpt / "config.json", out / "config.json")
+
+
+def golden_prompts(tokenizer, max_len: int) -> list[tuple[str, list[int]]]:
+    """The fixed prompts that fit the largest bucket (the self-test must not need truncation)."""
+    out = []
+    for name, kind, text in GOLDEN_PROMPTS:
+        if kind == "chat":
+            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)
+        else:
+            ids = tokenizer(text).input_ids
+        if len(ids) <= max_len:
+            out.append((name, list(ids)))
+    if not out:
+        raise CompileError(f"no golden prompt fits the largest bucket ({max_len} tokens); use a larger bucket")
+    return out
+
+
+def self_test_here(folder: Path) -> None:
+    """The server's own self-test on the saved artifact, loaded as the server loads it: graphs that
+    disagree with the reference fail the compile rather than the first server."""
+    model = load_artifact(folder)
+    try:
+        model.self_test()
+    except SelfTestFailed as exc:
+        raise CompileError(f"the compiled graphs disagree with the float reference: {exc}; run "
+                           f"`build.py verify {folder}` for the full table") from None
+    finally:
+        model.close()
+
+
+def eos_token_ids(ckpt: Path, tokenizer) -> tuple[int, ...]:
+    """End-of-turn ids from the checkpoint's generation config (chat models stop on more than <eos>)."""
+    ids = {tokenizer.eos_token_id}
+    gen = ckpt / "generation_config.json"
+    if gen.is_file():
+        eos = json.loads(gen.read_text()).get("eos_token_id") or []
+        ids |= set(eos if isinstance(eos, list) else [eos])
+    return tuple(sorted(i for i in ids if i is not None))
+
+
+def versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {"python": platform.python_version()}
+    for pkg in ("torch", "transformers", "tokenizers", "safetensors"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            pass
+    return out
+
+
+def finish(b: Build, graphs: dict[str, str], backend: str, progress, extra_versions=None) -> Path:
+    from safetensors.torch import save_file
+
+    manifest, variant, out, ckpt, geo, tables = b.manifest, b.variant, b.out, b.ckpt, b.geo, b.tables
+
+    save_file(tables.blobs, str(out / HOST_TABLES))
+    with step(progress, "golden tokens from the float reference (transformers, CPU)"):
+        tok = load_tokenizer(out / "tokenizer")
+        ref = load_reference(ckpt)
+        golden = []
+        for name, ids in golden_prompts(tok, geo.buckets[-1]):
+            tokens, logits = reference_greedy(ref, ids, GOLDEN_STEPS)
+            steps = tuple(GoldenStep(ids=top, logits=values) for top, values in golden_steps(logits))
+            golden.append(Golden(name=name, ids=ids, tokens=tokens, steps=steps))
+    with step(progress, "sha256 of every file"):
+        files = {}
+        for p in sorted(out.rglob("*")):
+            if p.is_file():
+                p.chmod(0o644)  # safetensors writes 0600; a server running as another user must read it
+                files[str(p.relative_to(out))] = sha256(p)
+    meta = ArtifactMeta(
+        format=ARTIFACT_FORMAT, name=manifest.name, variant=variant.name, backend=backend,
+        manifest=manifest.model_dump(mode="json"), versions=versions() | (extra_versions or {}),
+        geometry=geo, graphs=graphs, files=files, golden=tuple(golden),
+        eos_token_ids=eos_token_ids(ckpt, tok), checkpoint=str(ckpt),
+        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    )
+    write_meta(out, meta)
+    # The self-test needs nothing measured on the device (the reference's logits judge it), so where
+    # the graphs cannot run here (a Neuron compile inside `docker build`) the server runs it first.
+    if backend == "cpu" or Path("/dev/neuron0").exists():
+        with step(progress, "the server's self-test on the saved artifact"):
+            self_test_here(out)
+    return out

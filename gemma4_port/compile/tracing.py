@@ -1,0 +1,129 @@
+"""What every compile path traces from: the geometry of a variant, its host tables, example inputs,
+and the CPU TorchScript trace (tp 1, and each rank under cpu tp)."""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from contract.artifact import Geometry, Rope, graph_names
+from contract.dtypes import DTYPES
+from contract.errors import Gemma4Error
+from contract.hostside import HostInputs, scaled_tables
+from contract.layout import parse_graph
+
+from gemma4_port.source.checkpoint import CheckpointReader
+from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph, input_names
+from gemma4_port.port.lint import check_traced
+from gemma4_port.source.manifest import Variant
+from gemma4_port.port.model import Gemma4Decoder, kinds_present, kv_kinds, kv_shapes, ring_size
+from gemma4_port.port.sharding import ModelShard
+
+
+class CompileError(Gemma4Error, RuntimeError):
+    pass
+
+
+def rope_inv_freq(config, kind: str, head_dim: int) -> list[float]:
+    """Inverse frequencies per attention kind; proportional RoPE rotates only a leading fraction."""
+    params = config.rope_parameters["full_attention" if kind == "full" else "sliding_attention"]
+    theta, rope_type = params["rope_theta"], params.get("rope_type", "default")
+    if rope_type == "default":
+        inv = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    elif rope_type == "proportional":
+        angles = int(params.get("partial_rotary_factor", 1.0) * head_dim // 2)
+        rotated = 1.0 / (theta ** (torch.arange(0, 2 * angles, 2, dtype=torch.float) / head_dim))
+        inv = torch.cat((rotated, torch.zeros(head_dim // 2 - angles)))
+        inv = inv / params.get("factor", 1.0)
+    else:
+        raise CompileError(f"rope_type {rope_type!r} for {kind} layers is not supported (default, proportional)")
+    return inv.tolist()
+
+
+def geometry(config, shard: ModelShard, variant: Variant) -> Geometry:
+    kinds = kinds_present(shard)
+    head_dims = {s.kind: s.head_dim for s in shard.layers}
+    ring = ring_size(shard.sliding_window, variant.kv_max, variant.buckets)
+    return Geometry(
+        hidden=shard.hidden, vocab=shard.vocab, num_layers=shard.num_layers, ple_dim=shard.ple_dim,
+        sliding_window=shard.sliding_window, kinds=kinds,
+        rope={k: Rope(head_dim=head_dims[k], inv_freq=rope_inv_freq(config, k, head_dims[k])) for k in kinds},
+        kv_heads=tuple((heads, dim) for _, heads, _, dim in kv_shapes(shard, variant.batch, variant.kv_max, ring)),
+        kv_kinds=kv_kinds(shard), ring=ring,
+        embed_scale=math.sqrt(shard.hidden), ple_scale=math.sqrt(shard.ple_dim) if shard.ple_dim else 1.0,
+        softcap=config.final_logit_softcapping, dtype=variant.dtype, batch=variant.batch,
+        buckets=variant.buckets, key_buckets=variant.kv_buckets, tp=variant.tp, prefill=variant.prefill,
+        inputs={g: tuple(input_names(shard, g)) for g in ("prefill", "decode", "copy")},
+    )
+
+
+@dataclass
+class TableBlobs:
+    """Duck-types contract.hostside.HostTables; `blobs` is what host/tables.safetensors holds."""
+
+    blobs: dict[str, torch.Tensor]
+
+    @property
+    def embed(self) -> torch.Tensor:
+        return self.blobs["embed_tokens_scaled"]
+
+    @property
+    def ple(self) -> torch.Tensor | None:
+        return self.blobs.get("embed_tokens_per_layer_scaled")
+
+
+EXAMPLE_TOKEN = 1  # the only id the trace's example inputs look up
+
+
+def host_tables(reader: CheckpointReader, geo: Geometry, rows: int | None = None) -> TableBlobs:
+    """The scaled host tables; with `rows`, only their first rows (enough for the example inputs of
+    a tp rank's trace, which would otherwise hold a whole vocabulary-sized copy per rank)."""
+    def read(key: str) -> torch.Tensor:
+        return reader.get(key) if rows is None else reader.get_slice(key, 0, 0, rows)
+
+    ple = read("embed_tokens_per_layer.weight") if geo.ple_dim else None
+    return TableBlobs(scaled_tables(read("embed_tokens.weight"), ple, geo))
+
+
+def example_inputs(host: HostInputs, geo: Geometry, name: str):
+    """The example inputs of a graph by name: prefill_<C>_<T> (a chunk of C over T keys), decode_<T>
+    or copy_<T>."""
+    dtype = DTYPES[geo.dtype]
+    kv = tuple(torch.zeros(s, dtype=dtype) for s in geo.kv_shapes)
+    graph, bucket, keys = parse_graph(name)
+    if graph == "prefill":
+        return host.prefill([EXAMPLE_TOKEN] * max(1, bucket // 2), bucket, 0, kv, keys=keys)
+    if graph == "copy":
+        return host.copy(0, 1, keys, keys, kv)
+    return host.decode([EXAMPLE_TOKEN] * geo.batch, [0] * geo.batch, kv, keys=keys)
+
+
+def trace_quietly(trace, *args, **kwargs):
+    """torch.jit.trace / trace_module without check_trace, and without the warnings that each graph's
+    static shapes (a bucket is a Python constant in its graph, as intended) would print."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", torch.jit.TracerWarning)
+        return trace(*args, check_trace=False, **kwargs)
+
+
+def trace_cpu(decoder: Gemma4Decoder, host: HostInputs, geo: Geometry, folder: Path, prefix: str = "") -> dict:
+    """TorchScript graphs, one prefill per chunk bucket and key bucket that holds it, one decode (and
+    at batch > 1 one copy) per key bucket, each traced at its own shape, as methods of one module
+    saved in one file: they share one copy of the weights in RAM."""
+    graphs = nn.Module()
+    graphs.prefill, graphs.decode = PrefillGraph(decoder).eval(), DecodeGraph(decoder).eval()
+    graphs.copy = CopyGraph(decoder).eval()
+    methods = graph_names(geo.buckets, geo.key_buckets, geo.batch)
+    for name in methods:
+        setattr(graphs, name, getattr(graphs, parse_graph(name)[0]).forward)  # trace_module traces methods by name
+    traced = trace_quietly(torch.jit.trace_module, graphs, {name: example_inputs(host, geo, name) for name in methods})
+    for name in methods:
+        check_traced(getattr(traced, name), prefix + name, geo.vocab)
+    rel = f"graphs/{prefix}graphs.pt"
+    torch.jit.save(traced, str(folder / rel))
+    return {prefix + name: rel for name in methods}

@@ -1,0 +1,94 @@
+"""Prefill and decode as two traceable modules with flat tensor signatures (what a tracer and a
+neff take), sharing one `Gemma4Decoder`'s weights, and a fork's slot copy, which has none. Input
+names are recorded in artifact.json so the host side builds exactly the tensors each graph was
+traced with."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from gemma4_port.port.model import Gemma4Decoder, copy_slot, kinds_present, kv_kinds
+
+
+def input_names(m, graph: str) -> list[str]:
+    """Few inputs, packed on the host: each is one copy to the device and one small torch op here.
+    rope (N, S, sum over kinds of 2D): cos then sin per kind; rows_<kind> (N, 2, T): per query
+    (a prefill chunk's tokens, or decode's slots) its mask row over that kind's cache, then its
+    one-hot write row (a global cache and a sliding ring differ in width, hence one input per kind).
+    copy: source and target slot one-hots (B,), and held (T,), the global positions a fork keeps."""
+    kv = [f"kv{c}_{kv}" for c in range(len(m.cache_layers)) for kv in ("k", "v")]
+    if graph == "copy":
+        return ["source", "target", "held", *kv]
+    names = ["hidden"] + (["ple"] if m.ple_dim else []) + ["rope"]
+    names += [f"rows_{kind}" for kind in kinds_present(m)]
+    names += ["last", "slot"] if graph == "prefill" else []
+    return names + kv
+
+
+def rope_widths(m) -> dict[str, int]:
+    """Head dim per attention kind, in `kinds_present` order: the layout of the packed rope input."""
+    dims = {s.kind: s.head_dim for s in m.layers}
+    return {k: dims[k] for k in kinds_present(m)}
+
+
+def bind(names: list[str], graph: str, args) -> dict:
+    if len(args) != len(names):
+        raise TypeError(f"{graph} takes {len(names)} inputs {names}, got {len(args)}")
+    return dict(zip(names, args))
+
+
+class _FlatGraph(nn.Module):
+    graph = ""
+
+    def __init__(self, decoder: Gemma4Decoder):
+        super().__init__()
+        self.decoder = decoder
+        self.names = input_names(decoder.shard, self.graph)
+        self.widths = rope_widths(decoder.shard)
+
+    def _unpack(self, args):
+        a = bind(self.names, self.graph, args)
+        rope, start = {}, 0
+        for kind, d in self.widths.items():
+            rope[kind] = (a["rope"][..., start:start + d], a["rope"][..., start + d:start + 2 * d])  # (B, S, D) x 2
+            start += 2 * d
+        kv = [a[n] for n in self.names if n.startswith("kv")]
+        rows = {kind: a[f"rows_{kind}"] for kind in self.widths}  # (N, 2, T)
+        return a, rope, rows, kv
+
+
+class PrefillGraph(_FlatGraph):
+    graph = "prefill"
+
+    def forward(self, *args):
+        a, rope, rows, kv = self._unpack(args)
+        logits, new_kv = self.decoder.prefill(a["hidden"], a.get("ple"), rope, rows, a["last"], a["slot"], kv)
+        return (logits, *new_kv)
+
+
+class DecodeGraph(_FlatGraph):
+    graph = "decode"
+
+    def forward(self, *args):
+        a, rope, rows, kv = self._unpack(args)
+        logits, new_kv = self.decoder.decode(a["hidden"], a.get("ple"), rope, rows, kv)
+        return (logits, *new_kv)
+
+
+class CopyGraph(nn.Module):
+    """A fork's KV copy (model.copy_slot). No weights: it holds only the KV tensors' kinds. Its first
+    output is the target one-hot, passed through: NxD builds one output packer for every key of a model
+    from the first key's outputs besides the aliased state (model_builder.py build_packer), and those
+    are one tensor, the logits."""
+
+    graph = "copy"
+
+    def __init__(self, decoder: Gemma4Decoder):
+        super().__init__()
+        self.names = input_names(decoder.shard, self.graph)
+        self.kinds = kv_kinds(decoder.shard)
+
+    def forward(self, *args):
+        a = bind(self.names, self.graph, args)
+        kv = [a[n] for n in self.names if n.startswith("kv")]
+        return (a["target"], *copy_slot(a["source"], a["target"], a["held"], kv, self.kinds))

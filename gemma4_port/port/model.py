@@ -1,0 +1,372 @@
+"""The Gemma-4 text decoder as a device graph.
+
+Static shapes; KV buffers `(B, KVH, S, D)` only for layers that own a cache (kv-shared layers read
+their owner's): S = kv_max for global layers, a ring of `ring` positions for sliding ones (the
+window plus a chunk: older keys are never attended). Cache writes select by a one-hot mask (never an
+index); rotary tables, masks and the one-hot write rows come from the host; word and per-layer
+embeddings are looked up on the host; explicit tanh-GELU and matmul attention; raw logits out (the
+softcap is monotonic, so argmax is unchanged; the host applies it to sample).
+
+Shapes: B batch slots, C prompt chunk bucket, S a kind's cache positions (T: the leading ones a
+key bucket reads, in prefill and decode), H hidden, L layers, P PLE width, V vocab, Hq/KVH this
+rank's query/KV heads, D head_dim.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from contract.errors import Gemma4Error
+
+from gemma4_port.port.sharding import LayerShard, ModelShard
+
+
+class WeightError(Gemma4Error, RuntimeError):
+    pass
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    return 0.5 * x * (1.0 + torch.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)))
+
+
+class RMSNorm(nn.Module):
+    """Computed in float32 and multiplied by `weight` (not 1 + weight), as Gemma-4 does."""
+
+    def __init__(self, dim: int, eps: float, with_scale: bool = True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = x.float()
+        y = y * torch.pow(y.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        if self.weight is not None:
+            y = y * self.weight.float()
+        return y.type_as(x)
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, S, h, D); cos/sin (B, S, D) from the host."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)  # (B, S, h, D)
+    return x * cos.unsqueeze(2) + rotated * sin.unsqueeze(2)
+
+
+def linear(n_in: int, n_out: int) -> nn.Linear:
+    return nn.Linear(n_in, n_out, bias=False)
+
+
+class Attention(nn.Module):
+    def __init__(self, s: LayerShard, hidden: int, eps: float):
+        super().__init__()
+        self.shard = s
+        self.q_proj = linear(hidden, s.q_heads * s.head_dim)
+        self.q_norm = RMSNorm(s.head_dim, eps)
+        if s.owns_cache:
+            self.k_proj = linear(hidden, s.kv_heads * s.head_dim)
+            self.v_proj = None if s.k_eq_v else linear(hidden, s.kv_heads * s.head_dim)
+            self.k_norm = RMSNorm(s.head_dim, eps)
+            self.v_norm = RMSNorm(s.head_dim, eps, with_scale=False)
+        self.o_proj = linear(s.q_heads * s.head_dim, hidden)
+
+    def query(self, x, cos, sin):
+        B, S, _ = x.shape
+        q = self.q_proj(x).view(B, S, self.shard.q_heads, self.shard.head_dim)  # (B, S, Hq, D)
+        return rotate(self.q_norm(q), cos, sin).transpose(1, 2)  # (B, Hq, S, D)
+
+    def key_value(self, x, cos, sin):
+        B, S, _ = x.shape
+        k = self.k_proj(x).view(B, S, self.shard.kv_heads, self.shard.head_dim)  # (B, S, KVH, D)
+        # attention_k_eq_v: V is the raw k_proj output, taken before k_norm and RoPE.
+        v = k if self.v_proj is None else self.v_proj(x).view(B, S, self.shard.kv_heads, self.shard.head_dim)
+        k = rotate(self.k_norm(k), cos, sin).transpose(1, 2)  # (B, KVH, S, D)
+        v = self.v_norm(v).transpose(1, 2)  # (B, KVH, S, D)
+        return k, v
+
+    def attend(self, q, k, v, mask):
+        """q (B, Hq, S, D); k, v (B, KVH, T, D); mask (B, 1, S, T) additive. Scaling is 1.0."""
+        B, _, S, D = q.shape
+        s = self.shard
+        T = k.shape[2]
+        k = k[:, s.kv_use_start:s.kv_use_start + s.kv_use]  # (B, KVu, T, D)
+        v = v[:, s.kv_use_start:s.kv_use_start + s.kv_use]  # (B, KVu, T, D)
+        # Query groups folded into the query length: one matmul per KV head, K/V never expanded or copied.
+        q = q.reshape(B, s.kv_use, s.groups * S, D)  # (B, KVu, G*S, D)
+        scores = torch.matmul(q, k.transpose(-1, -2)).view(B, s.kv_use, s.groups, S, T)  # (B, KVu, G, S, T)
+        scores = scores + mask.unsqueeze(1)
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(B, s.kv_use, s.groups * S, T)
+        out = torch.matmul(probs, v)  # (B, KVu, G*S, D)
+        out = out.reshape(B, s.q_heads, S, D).transpose(1, 2).reshape(B, S, s.q_heads * D)  # (B, S, Hq*D)
+        return self.o_proj(out)  # (B, S, H), a partial sum when tp > 1
+
+
+def write_one_hot(buf: torch.Tensor, new: torch.Tensor, oh: torch.Tensor) -> torch.Tensor:
+    """buf where the one-hot oh is 0, new where it is 1: a select, one read and one write of the buffer.
+    (buf * (1 - oh) + new * oh is exact too, but passes three times over a cache that is cold by
+    then: ~3% of a small-model decode step on the CPU.)"""
+    return torch.where(oh > 0, new, buf)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, width: int):
+        super().__init__()
+        self.gate_proj, self.up_proj, self.down_proj = linear(hidden, width), linear(hidden, width), linear(width, hidden)
+
+    def forward(self, x):
+        return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, s: LayerShard, m: ModelShard):
+        super().__init__()
+        self.shard = s
+        self.self_attn = Attention(s, m.hidden, m.eps)
+        self.mlp = MLP(m.hidden, s.intermediate)
+        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                     "post_feedforward_layernorm"):
+            setattr(self, name, RMSNorm(m.hidden, m.eps))
+        self.register_buffer("layer_scalar", torch.full((1,), float("nan")))  # must come from the checkpoint
+        if m.ple_dim:
+            self.per_layer_input_gate = linear(m.hidden, m.ple_dim)
+            self.per_layer_projection = linear(m.ple_dim, m.hidden)
+            self.post_per_layer_input_norm = RMSNorm(m.hidden, m.eps)
+
+
+@dataclass(frozen=True)
+class WeightEntry:
+    """A module tensor, the checkpoint key it comes from, and the slice this rank keeps."""
+
+    name: str
+    key: str
+    dim: int | None = None
+    start: int = 0
+    stop: int = 0
+
+
+class Gemma4Decoder(nn.Module):
+    def __init__(self, m: ModelShard, dtype: torch.dtype = torch.float32, reduce=None):
+        super().__init__()
+        self.shard = m
+        self.layers = nn.ModuleList(Layer(s, m) for s in m.layers)
+        self.norm = RMSNorm(m.hidden, m.eps)
+        self.lm_head = linear(m.hidden, m.vocab)
+        if m.ple_dim:
+            self.per_layer_model_projection = linear(m.hidden, m.num_layers * m.ple_dim)
+            self.per_layer_projection_norm = RMSNorm(m.ple_dim, m.eps)
+        # All-reduce after row-parallel projections; identity on one rank.
+        self.reduce = reduce or (lambda x: x)
+        self.to(dtype)
+
+    # -- weights ---------------------------------------------------------------------------------
+
+    def weight_map(self) -> list[WeightEntry]:
+        """Every tensor the module needs and its checkpoint key: strict, buffers included."""
+        m, out = self.shard, []
+        out.append(WeightEntry("norm.weight", "norm.weight"))
+        out.append(WeightEntry("lm_head.weight", "embed_tokens.weight" if m.tied else "lm_head.weight"))
+        if m.ple_dim:
+            out += [WeightEntry(f"{n}.weight", f"{n}.weight")
+                    for n in ("per_layer_model_projection", "per_layer_projection_norm")]
+        for s in m.layers:
+            p = f"layers.{s.index}."
+            D = s.head_dim
+            q_rows = (0, s.q_start * D, (s.q_start + s.q_heads) * D)
+            kv_rows = (0, s.kv_start * D, (s.kv_start + s.kv_heads) * D)
+            mlp_rows = (0, s.intermediate_start, s.intermediate_start + s.intermediate)
+            mlp_cols = (1, *mlp_rows[1:])
+            out.append(WeightEntry(p + "self_attn.q_proj.weight", p + "self_attn.q_proj.weight", *q_rows))
+            out.append(WeightEntry(p + "self_attn.o_proj.weight", p + "self_attn.o_proj.weight", 1, *q_rows[1:]))
+            out.append(WeightEntry(p + "self_attn.q_norm.weight", p + "self_attn.q_norm.weight"))
+            if s.owns_cache:
+                out.append(WeightEntry(p + "self_attn.k_proj.weight", p + "self_attn.k_proj.weight", *kv_rows))
+                out.append(WeightEntry(p + "self_attn.k_norm.weight", p + "self_attn.k_norm.weight"))
+                if not s.k_eq_v:
+                    out.append(WeightEntry(p + "self_attn.v_proj.weight", p + "self_attn.v_proj.weight", *kv_rows))
+            out.append(WeightEntry(p + "mlp.gate_proj.weight", p + "mlp.gate_proj.weight", *mlp_rows))
+            out.append(WeightEntry(p + "mlp.up_proj.weight", p + "mlp.up_proj.weight", *mlp_rows))
+            out.append(WeightEntry(p + "mlp.down_proj.weight", p + "mlp.down_proj.weight", *mlp_cols))
+            for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                      "post_feedforward_layernorm"):
+                out.append(WeightEntry(p + n + ".weight", p + n + ".weight"))
+            out.append(WeightEntry(p + "layer_scalar", p + "layer_scalar"))
+            if m.ple_dim:
+                out += [WeightEntry(p + f"{n}.weight", p + f"{n}.weight")
+                        for n in ("per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm")]
+        return out
+
+    @torch.no_grad()
+    def load_weights(self, reader) -> None:
+        """Copy each mapped tensor (this rank's slice) in; a missing key or shape fails by name."""
+        tensors = dict(self.named_parameters()) | dict(self.named_buffers())
+        wanted = self.weight_map()
+        unmapped = set(tensors) - {e.name for e in wanted}
+        if unmapped:
+            raise WeightError(f"module tensors with no checkpoint key: {sorted(unmapped)}")
+        for e in wanted:
+            src = reader.get(e.key) if e.dim is None else reader.get_slice(e.key, e.dim, e.start, e.stop)
+            dst = tensors[e.name]
+            if tuple(src.shape) != tuple(dst.shape):
+                raise WeightError(f"checkpoint tensor {e.key!r} has shape {tuple(src.shape)}, "
+                                  f"{e.name} needs {tuple(dst.shape)}")
+            dst.copy_(src.to(dst.dtype))
+
+    # -- graph pieces ----------------------------------------------------------------------------
+
+    def project_ple(self, h: torch.Tensor, ple: torch.Tensor) -> torch.Tensor:
+        """h (B, S, H), ple (B, S, L, P) raw host lookup -> mixed per-layer inputs (B, S, L, P)."""
+        B, S, _ = h.shape
+        proj = self.per_layer_model_projection(h) * (self.shard.hidden ** -0.5)  # (B, S, L*P)
+        proj = self.per_layer_projection_norm(proj.view(B, S, self.shard.num_layers, self.shard.ple_dim))  # (B, S, L, P)
+        return (proj + ple) * (2.0 ** -0.5)
+
+    def layer_tail(self, layer: Layer, h, attn_out, ple_i):
+        """Everything in a decoder layer after attention: norms, MLP, PLE, layer_scalar."""
+        h = h + layer.post_attention_layernorm(self.reduce(attn_out))
+        x = layer.pre_feedforward_layernorm(h)
+        h = h + layer.post_feedforward_layernorm(self.reduce(layer.mlp(x)))
+        if self.shard.ple_dim:
+            g = gelu_tanh(layer.per_layer_input_gate(h)) * ple_i  # (B, S, P)
+            h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(g))
+        return h * layer.layer_scalar
+
+    def logits(self, h_last: torch.Tensor) -> torch.Tensor:
+        """h_last (B, H) -> raw logits (B, V); no softcap on the device."""
+        return self.lm_head(self.norm(h_last))
+
+    def prefill(self, h, ple, rope, rows, last, slot, kv):
+        """A chunk of C prompt tokens at positions p .. p+C-1 of one slot whose positions before p
+        already hold this request's KV (an earlier chunk, or a reused prefix). A prefill graph of T
+        keys (T >= C, and every real token's position below T): a global cache is read and rewritten
+        only in its first T positions, a sliding ring in its first min(T, ring), as in decode, so a
+        short prompt's chunk costs T keys.
+
+        The chunk's K/V go into the slot's cache first, each token at the position its one-hot write
+        row names (padding rows write nothing), then every token attends to the cache through its mask
+        row: causal within the chunk, the slot's earlier keys (sliding: the last `window`), and never a
+        position past its own, so whatever an earlier request left there is never read.
+        h (1, C, H); ple (1, C, L, P) or None; rope {kind: (cos, sin) (1, C, D)};
+        rows {kind: (C, 2, T_kind)}: per token an additive mask row, then its one-hot write row;
+        last (1, C) one-hot of the token whose logits are returned; slot (B,) one-hot;
+        kv: 2 tensors per cache (B, KVH, S, D). Returns raw logits (1, V) and the new KV tensors.
+        """
+        if self.shard.ple_dim:
+            ple = self.project_ple(h, ple)
+        B = slot.shape[0]
+        masks = {k: r[:, 0].unsqueeze(0).unsqueeze(0) for k, r in rows.items()}  # (1, 1, C, T)
+        puts = {k: r[:, 1].transpose(0, 1) for k, r in rows.items()}  # (T, C): position <- chunk token
+        hits = {k: r[:, 1].sum(0).view(1, 1, -1, 1) > 0 for k, r in rows.items()}  # (1, 1, T, 1)
+        pick_slot = slot.view(1, B).to(kv[0].dtype)  # (1, B)
+        read = self.leading(kv, rows)  # (B, KVH, T, D)
+        # The slot's own buffers, selected by a one-hot product (exact: one 1.0 term, the rest 0.0).
+        mine = [torch.matmul(pick_slot, t.reshape(B, -1)).view(1, *t.shape[1:]) for t in read]  # (1, KVH, T, D)
+        for layer in self.layers:
+            s = layer.shard
+            if s.index == self.shard.first_shared:
+                # kv-shared layers write no cache: only the last position feeds the logits.
+                pick = last.unsqueeze(1)  # (1, 1, C)
+                h = torch.matmul(pick, h)  # (1, 1, H)
+                if self.shard.ple_dim:
+                    ple = torch.einsum("bs,bsld->bld", last, ple).unsqueeze(1)  # (1, 1, L, P)
+                rope = {k: (torch.matmul(pick, c), torch.matmul(pick, n)) for k, (c, n) in rope.items()}  # (1, 1, D)
+                masks = {k: torch.matmul(pick.unsqueeze(1), v) for k, v in masks.items()}  # (1, 1, 1, S)
+            cos, sin = rope[s.kind]
+            x = layer.input_layernorm(h)
+            q = layer.self_attn.query(x, cos, sin)
+            if s.owns_cache:
+                for i, new in zip((2 * s.cache, 2 * s.cache + 1), layer.self_attn.key_value(x, cos, sin)):
+                    placed = torch.matmul(puts[s.kind], new)  # (1, KVH, S, D): each chunk token at its position
+                    mine[i] = torch.where(hits[s.kind], placed, mine[i])
+            a = layer.self_attn.attend(q, mine[2 * s.cache], mine[2 * s.cache + 1], masks[s.kind])
+            h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.shard.ple_dim else None)
+        if self.shard.first_shared == self.shard.num_layers:
+            h = torch.matmul(last.unsqueeze(1), h)  # (1, 1, H)
+        sel = slot.view(B, 1, 1, 1) > 0  # (B, 1, 1, 1)
+        new_kv = [write_one_hot(old, new, sel) for old, new in zip(read, mine)]  # (B, KVH, T, D)
+        return self.logits(h[:, 0]), self.with_tail(new_kv, kv)
+
+    def decode(self, h, ple, rope, rows, kv):
+        """One token for every slot. A decode bucket of T keys: every busy slot's position is below T,
+        so a global cache is read and rewritten only in its first T positions, a sliding ring in its
+        first min(T, ring); the rest goes back untouched.
+
+        h (B, 1, H); ple (B, 1, L, P) or None; rope {kind: (cos, sin) (B, 1, D)};
+        rows {kind: (B, 2, T_kind)}: per slot an additive mask row, then the one-hot write of its
+        position (all zero for an idle slot); kv as in prefill.
+        """
+        if self.shard.ple_dim:
+            ple = self.project_ple(h, ple)
+        B = h.shape[0]
+        masks = {k: r[:, 0].view(B, 1, 1, -1) for k, r in rows.items()}  # (B, 1, 1, T)
+        writes = {k: r[:, 1].view(B, 1, -1, 1) for k, r in rows.items()}  # (B, 1, T, 1)
+        read = self.leading(kv, rows)  # (B, KVH, T, D)
+        for layer in self.layers:
+            s = layer.shard
+            cos, sin = rope[s.kind]
+            x = layer.input_layernorm(h)
+            q = layer.self_attn.query(x, cos, sin)
+            if s.owns_cache:
+                k, v = layer.self_attn.key_value(x, cos, sin)  # (B, KVH, 1, D)
+                read[2 * s.cache] = write_one_hot(read[2 * s.cache], k, writes[s.kind])
+                read[2 * s.cache + 1] = write_one_hot(read[2 * s.cache + 1], v, writes[s.kind])
+            a = layer.self_attn.attend(q, read[2 * s.cache], read[2 * s.cache + 1], masks[s.kind])
+            h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.shard.ple_dim else None)
+        return self.logits(h[:, 0]), self.with_tail(read, kv)
+
+    def leading(self, kv, rows) -> list[torch.Tensor]:
+        """The first T_kind positions of every KV tensor, T_kind the width of its kind's rows."""
+        return [t[:, :, :rows[kind].shape[-1]] for kind, t in zip(kv_kinds(self.shard), kv)]  # (B, KVH, T, D)
+
+    @staticmethod
+    def with_tail(read, kv) -> list[torch.Tensor]:
+        """The untouched tail goes back as it came: the outputs are whole buffers (aliased on the device)."""
+        return [r if r.shape[2] == t.shape[2] else torch.cat((r, t[:, :, r.shape[2]:]), dim=2)  # (B, KVH, S, D)
+                for r, t in zip(read, kv)]
+
+
+def copy_slot(source, target, held, kv, kinds) -> list[torch.Tensor]:
+    """Slot `target`'s KV := slot `source`'s, in the positions a fork keeps: a global cache's first T
+    positions where `held` is 1 (the prompt; T the smallest key bucket holding it, so a short prompt's
+    fork costs T keys, not kv_max), a sliding ring whole (it is small, and a ring that has wrapped
+    holds the prompt's last window anywhere). The source rows are picked by a chain of selects, not a
+    one-hot product: bit for bit, -0.0 and non-finite values included; every other slot is untouched.
+    source, target (B,) one-hot; held (T,) 1 at each global position the fork keeps; kv and `kinds`
+    (each tensor's attention kind) as in prefill. Returns the new KV tensors."""
+    B, T = source.shape[0], held.shape[0]
+    keep = held.view(1, 1, T, 1) * target.view(B, 1, 1, 1)  # (B, 1, T, 1): target's held positions
+    whole = target.view(B, 1, 1, 1)  # (B, 1, 1, 1): target's every ring position
+    out = []
+    for t, kind in zip(kv, kinds):
+        part = t if kind == "sliding" else t[:, :, :T]  # (B, KVH, S, D), S the ring or T
+        row = part[0:1]  # (1, KVH, S, D)
+        for b in range(1, B):
+            row = torch.where(source[b] > 0, part[b:b + 1], row)  # (1, KVH, S, D)
+        out.append(write_one_hot(part, row, whole if kind == "sliding" else keep))  # (B, KVH, S, D)
+    return Gemma4Decoder.with_tail(out, kv)
+
+
+def ring_size(window: int, kv_max: int, buckets) -> int:
+    """Positions a sliding layer keeps: the window, plus a chunk whose keys land before its queries
+    read (a chunk's last write must not overwrite a key its first token still sees), capped at kv_max."""
+    return min(kv_max, window + max(buckets))
+
+
+def kv_shapes(m: ModelShard, batch: int, kv_max: int, ring: int) -> list[tuple[int, int, int, int]]:
+    """Shape of every KV tensor, K then V per cache-owning layer: (B, KVH, S, D), S = kv_max for a
+    global layer, `ring` for a sliding one."""
+    out = []
+    for layer_index in m.cache_layers:
+        s = m.layers[layer_index]
+        out += [(batch, s.kv_heads, ring if s.kind == "sliding" else kv_max, s.head_dim)] * 2
+    return out
+
+
+def kv_kinds(m: ModelShard) -> tuple[str, ...]:
+    """The attention kind of every KV tensor's owner, in kv_shapes order."""
+    return tuple(m.layers[i].kind for i in m.cache_layers for _ in "kv")
+
+
+def kinds_present(m: ModelShard) -> tuple[str, ...]:
+    return tuple(sorted({s.kind for s in m.layers}))

@@ -1,0 +1,190 @@
+"""Checkpoints: random ones materialised as real Hugging Face folders, real ones downloaded with
+huggingface_hub, and a strict reader that finds each tensor under whichever prefix the file uses."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from contract.errors import Gemma4Error
+from contract.files import read_parsed
+
+from gemma4_port.source.manifest import Manifest, RandomModel
+from gemma4_port.source.toy_tokenizer import EOS_ID, TOOL_RESPONSE, TURN_END, save_tokenizer, train_tokenizer
+
+# Hub checkpoints are saved by the multimodal class; the text decoder lives under this prefix.
+MULTIMODAL_PREFIX = "model.language_model."
+TEXT_PREFIX = "model."
+TEXT_MODEL_TYPES = ("gemma4", "gemma4_unified", "gemma4_text", "gemma4_unified_text")
+# Part of a random checkpoint's cache key: bump it when the writer's output changes, so that a cache
+# made by an older writer (e.g. one with Gemma-3's chat tokens) is never reused.
+RANDOM_FORMAT = "2"
+
+
+class CheckpointError(Gemma4Error, RuntimeError):
+    pass
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("GEMMA4_INF2_CACHE", Path.home() / ".cache" / "gemma4-inf2"))
+
+
+def resolve_checkpoint(manifest: Manifest, progress=None) -> Path:
+    """The local folder holding the manifest's checkpoint, creating or downloading it if needed."""
+    src = manifest.model
+    if src.random is not None:
+        key = hashlib.sha256((RANDOM_FORMAT + src.random.model_dump_json()).encode()).hexdigest()[:12]
+        folder = cache_root() / "random" / f"{manifest.name}-{key}"
+        if not folder.is_dir():
+            # Written aside and renamed: concurrent builds never see (or write) a half-made checkpoint.
+            folder.parent.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+            write_random_checkpoint(src.random, tmp)
+            try:
+                tmp.rename(folder)
+            except OSError:  # another process finished first; its bytes are the same
+                shutil.rmtree(tmp)
+        return folder
+    if Path(src.source).expanduser().is_dir():
+        return Path(src.source).expanduser()
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(
+            src.source, revision=src.revision,
+            allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"],
+        ))
+    except Exception as exc:
+        raise CheckpointError(
+            f"cannot download {src.source}@{src.revision or 'main'}: {exc} "
+            "(gated models need `huggingface-cli login` or HF_TOKEN)"
+        ) from None
+
+
+def _randomise(model: torch.nn.Module, spec: RandomModel) -> None:
+    """Weights that exercise what matters (layer_scalar far from 1, logits past the softcap) while
+    staying as well-conditioned as a trained model, so that bf16 can be judged against float32."""
+    gen = torch.Generator().manual_seed(spec.seed)
+
+    def normal(shape, std=1.0, mean=0.0):
+        return mean + std * torch.randn(shape, generator=gen)
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(normal(p.shape, 0.2, 1.0))
+            elif "embed_tokens" in name:
+                p.copy_(normal(p.shape, spec.init_std))
+            else:  # fan-in scaling keeps activations O(1)
+                p.copy_(normal(p.shape) / p.shape[-1] ** 0.5)
+        model.model.norm.weight.copy_(3.0 + 2.0 * torch.rand(model.model.norm.weight.shape, generator=gen))
+        residual = 1.0  # scale of the residual stream entering each layer, relative to the embedding
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            for norm in (attn.q_norm, getattr(attn, "k_norm", None)):
+                if norm is not None:  # softer attention: one-hot attention makes any rounding flip the output
+                    norm.weight.mul_(0.5)
+            # Each layer adds a small update relative to the residual it receives, as a trained one does;
+            # at full gain the random net is chaotic and bf16 could not be judged against float32.
+            for norm in ("post_attention_layernorm", "post_feedforward_layernorm", "post_per_layer_input_norm"):
+                if hasattr(layer, norm):
+                    getattr(layer, norm).weight.mul_(residual)
+            # Far from 1 on both sides (a loader that skips buffers leaves 1.0): alternating shrink and
+            # growth keeps the residual well above RMSNorm's eps however many layers there are.
+            scalar = 0.25 + 0.35 * torch.rand(1, generator=gen)
+            layer.layer_scalar.copy_(scalar if layer.self_attn.layer_idx % 2 == 0 else 1.0 / scalar)
+            residual *= float(layer.layer_scalar)
+
+
+def write_random_checkpoint(spec: RandomModel, folder: Path) -> None:
+    """A folder laid out like a hub download of `Gemma4ForConditionalGeneration`, same bytes per seed."""
+    from safetensors.torch import save_file
+    from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4TextConfig, GenerationConfig
+
+    text = Gemma4TextConfig(**spec.config)
+    model = Gemma4ForCausalLM(text)
+    _randomise(model, spec)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for key, value in model.state_dict().items():
+        if key == "lm_head.weight" and text.tie_word_embeddings:
+            continue
+        tensors[MULTIMODAL_PREFIX + key.removeprefix(TEXT_PREFIX) if key.startswith(TEXT_PREFIX) else key] = (
+            value.contiguous().clone()
+        )
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    full = Gemma4Config(text_config=text, vision_config=None, audio_config=None)
+    full.architectures = ["Gemma4ForConditionalGeneration"]
+    full.save_pretrained(folder)
+    # E2B/E4B (the models with per-layer inputs) open a non-thinking turn bare, the others with an
+    # empty thought block, as the real templates do.
+    tok = train_tokenizer(text.vocab_size, spec.seed, empty_thought_block=not text.hidden_size_per_layer_input)
+    # A reply ends at <turn|>, and a tool call at <|tool_response> (the caller runs the tool).
+    GenerationConfig(
+        bos_token_id=text.bos_token_id, pad_token_id=text.pad_token_id, do_sample=False,
+        eos_token_id=[EOS_ID, *tok.convert_tokens_to_ids([TURN_END, TOOL_RESPONSE])],
+    ).save_pretrained(folder)
+    save_tokenizer(tok, folder)
+
+
+def read_text_config(folder: Path):
+    """The text-decoder config, whether the checkpoint is multimodal, unified or text-only."""
+    from transformers import Gemma4TextConfig
+
+    raw = read_parsed(folder / "config.json", json.loads, CheckpointError, missing=f"{folder}/config.json is missing",
+                      syntax="JSON")
+    model_type = raw.get("model_type")
+    if model_type not in TEXT_MODEL_TYPES:
+        raise CheckpointError(f"{folder}/config.json: model_type {model_type!r} is not one of {TEXT_MODEL_TYPES}")
+    text = raw.get("text_config", raw)
+    text = {k: v for k, v in text.items() if k not in ("model_type", "architectures", "transformers_version")}
+    if model_type.startswith("gemma4_unified"):
+        # The unified (12B) text config has no PLE fields; Gemma4TextConfig's default would turn PLE on.
+        text.setdefault("hidden_size_per_layer_input", 0)
+    return Gemma4TextConfig(**text)
+
+
+class CheckpointReader:
+    """Tensors by text-decoder key ("layers.0.self_attn.q_proj.weight"), under any known prefix."""
+
+    PREFIXES = (MULTIMODAL_PREFIX, TEXT_PREFIX, "")
+
+    def __init__(self, folder: Path):
+        from safetensors import safe_open
+
+        self.folder = folder
+        files = sorted(folder.glob("*.safetensors"))
+        if not files:
+            raise CheckpointError(f"{folder}: no *.safetensors files")
+        self._handles = [safe_open(str(f), framework="pt") for f in files]
+        self._where = {k: h for h in self._handles for k in h.keys()}
+
+    def _resolve(self, key: str) -> str | None:
+        for prefix in self.PREFIXES:
+            if prefix + key in self._where:
+                return prefix + key
+        return None
+
+    def get(self, key: str) -> torch.Tensor:
+        full = self._resolve(key)
+        if full is None:
+            raise CheckpointError(
+                f"{self.folder}: checkpoint has no tensor {key!r} (looked under prefixes {self.PREFIXES})"
+            )
+        return self._where[full].get_tensor(full)
+
+    def get_slice(self, key: str, dim: int, start: int, stop: int) -> torch.Tensor:
+        """Only the rows/columns one tensor-parallel rank owns, without reading the rest."""
+        full = self._resolve(key)
+        if full is None:
+            return self.get(key)
+        sl = self._where[full].get_slice(full)
+        index = [slice(None)] * len(sl.get_shape())
+        index[dim] = slice(start, stop)
+        return sl[tuple(index)]

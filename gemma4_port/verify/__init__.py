@@ -1,0 +1,1 @@
+"""An artifact, loaded as the server loads it, against transformers' float reference."""

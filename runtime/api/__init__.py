@@ -1,0 +1,1 @@
+"""The OpenAI API: request schemas, routes, chat prompts and replies, response bodies and errors."""

@@ -1,0 +1,240 @@
+"""OpenAI response bodies and SSE chunks from engine events: n choices, logprobs, usage, echo.
+
+The engine's events carry each choice's text, its logprobs and its token count. A chat choice's text
+goes through its own reply parser (reasoning, content, tool calls: runtime.api.reply_parser and runtime.api.chat);
+this module shapes the result as OpenAI's chat and text completions do, with vLLM's extensions
+(`continuous_usage_stats`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from runtime.api.chat import Reply
+from runtime.generate.engine import Delta, Failed, Finished, Job
+from runtime.api.errors import APIError
+from runtime.generate.logits import TokenLogprob
+from runtime.api.reply_parser import ReplyParser
+
+TokenBytes = Callable[[int], bytes]  # a token id's own bytes (a byte-level piece may be part of a character)
+
+
+def _token(tid: int, token_bytes: TokenBytes) -> tuple[str, list[int]]:
+    raw = token_bytes(tid)
+    return raw.decode("utf-8", errors="replace"), list(raw)
+
+
+def chat_logprobs(entries, token_bytes: TokenBytes) -> dict:
+    """OpenAI chat's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}."""
+    content = []
+    for e in entries:
+        text, raw = _token(e.token, token_bytes)
+        top = []
+        for tid, lp in e.top:
+            t, b = _token(tid, token_bytes)
+            top.append({"token": t, "logprob": lp, "bytes": b})
+        content.append({"token": text, "logprob": e.logprob, "bytes": raw, "top_logprobs": top})
+    return {"content": content}
+
+
+def completion_logprobs(entries, token_bytes: TokenBytes, offset: int) -> tuple[dict, int]:
+    """The legacy completions `logprobs` (tokens, token_logprobs, top_logprobs, text_offset) and the
+    text offset after these tokens."""
+    out: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for e in entries:
+        text = _token(e.token, token_bytes)[0]
+        out["tokens"].append(text)
+        out["token_logprobs"].append(e.logprob)
+        out["top_logprobs"].append(None if e.logprob is None else {_token(tid, token_bytes)[0]: lp for tid, lp in e.top})
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out, offset
+
+
+def vllm_prompt_logprobs(entries, k: int, token_bytes: TokenBytes) -> list:
+    """vLLM's `prompt_logprobs`: None for the first token, then per token {id: {logprob, rank,
+    decoded_token}} for the prompt's token and the k likeliest (ids as JSON keys, the prompt's first)."""
+    out: list = []
+    for e in entries:
+        if e.logprob is None:
+            out.append(None)
+            continue
+        row = {str(e.token): {"logprob": e.logprob, "rank": e.rank, "decoded_token": _token(e.token, token_bytes)[0]}}
+        for rank, (tid, lp) in enumerate(e.top[:k], start=1):
+            row.setdefault(str(tid), {"logprob": lp, "rank": rank, "decoded_token": _token(tid, token_bytes)[0]})
+        out.append(row)
+    return out
+
+
+@dataclass
+class Shape:
+    """How one request's response is shaped. `parser` makes a chat choice's reply parser (None: a
+    text completion)."""
+
+    model: str
+    token_bytes: TokenBytes
+    parser: Callable[[], ReplyParser] | None = None
+    logprobs: bool = False
+    named_tool: bool = False  # chat: a named tool_choice forced the call (its finish_reason is stop)
+    echo: str = ""  # completions: the prompt, shown before each choice's text
+    echo_logprobs: int | None = None  # completions: alternatives per echoed prompt token in `logprobs`
+    prompt_logprobs: int | None = None  # vLLM's `prompt_logprobs`: alternatives per prompt token
+    id: str = ""
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def chat(self) -> bool:
+        return self.parser is not None
+
+    def __post_init__(self):
+        self.id = self.id or f"{'chatcmpl' if self.chat else 'cmpl'}-{uuid.uuid4().hex}"
+
+    def envelope(self, choices: list, chunk: bool, **extra) -> dict:
+        kind = ("chat.completion.chunk" if chunk else "chat.completion") if self.chat else "text_completion"
+        return {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices} | extra
+
+
+class _Choice:
+    """One choice as it accumulates: the chat reply (or the completion's text), logprobs not yet
+    shown, the finish, and the completions text offset."""
+
+    def __init__(self, shape: Shape, index: int, prompt: list[int]):
+        self.shape, self.index = shape, index
+        self.parser = shape.parser() if shape.chat else None
+        self.reply = Reply()
+        self.text: list[str] = [shape.echo]
+        self.entries: list[TokenLogprob] = []  # every logprob (a whole response)
+        self.pending: list[TokenLogprob] = []  # logprobs no chunk has carried yet (a stream)
+        self.prompt = [TokenLogprob(prompt[0], None, ())]  # the prompt's logprobs (if asked for), as they come
+        self.echoed = False  # a stream: the echo chunk went out
+        # With the prompt's tokens in `logprobs`, the offsets run through them, as vLLM counts them.
+        self.offset = 0 if shape.echo_logprobs is not None else len(shape.echo)
+        self.tokens = 0
+        self.finish: str | None = None
+
+    def deltas(self, text: str, end: bool = False) -> list[dict]:
+        """What a piece of generated text adds: a chat delta per reply piece, or the completion text.
+        At the end, what the chat parser still held."""
+        if not self.shape.chat:
+            self.text.append(text)
+            return [{"text": text}] if text else []
+        pieces = self.parser.feed(text) if text else []
+        return [self.reply.add(p) for p in pieces + (self.parser.finish() if end else [])]
+
+    def take(self, event: Delta | Finished) -> None:
+        """An event's logprobs and the choice's token count."""
+        if isinstance(event, Delta):
+            self.prompt.extend(event.prompt_logprobs)
+        self.entries.extend(event.logprobs)
+        self.pending.extend(event.logprobs)
+        self.tokens = event.completion_tokens
+
+    def echoed_logprobs(self) -> list[TokenLogprob]:
+        """The prompt's entries that `logprobs` shows before the generated ones (echo with logprobs)."""
+        k = self.shape.echo_logprobs
+        return [] if k is None else [dataclasses.replace(e, top=e.top[:k]) for e in self.prompt]
+
+    def logprobs(self, entries) -> dict | None:
+        if not self.shape.logprobs:
+            return None
+        if self.shape.chat:
+            return chat_logprobs(entries, self.shape.token_bytes)
+        out, self.offset = completion_logprobs(entries, self.shape.token_bytes, self.offset)
+        return out
+
+    def finish_reason(self, reason: str) -> str:
+        return self.reply.finish_reason(reason, self.shape.named_tool) if self.shape.chat else reason
+
+    def prompt_logprobs(self) -> list:
+        return vllm_prompt_logprobs(self.prompt, self.shape.prompt_logprobs, self.shape.token_bytes)
+
+    def whole(self) -> dict:
+        body = {"message": self.reply.message()} if self.shape.chat else {"text": "".join(self.text)}
+        out = {"index": self.index} | body | {"logprobs": self.logprobs(self.echoed_logprobs() + self.entries),
+                                              "finish_reason": self.finish_reason(self.finish)}
+        if self.shape.prompt_logprobs is not None and not self.shape.chat:  # vLLM: per choice in completions
+            out["prompt_logprobs"] = self.prompt_logprobs()
+        return out
+
+    def chunk(self, delta: dict | None, finish: str | None = None) -> dict:
+        """One stream choice, carrying the logprobs that came since the last chunk."""
+        body = {"delta": delta or {}} if self.shape.chat else {"text": (delta or {}).get("text", "")}
+        entries, self.pending = self.pending, []
+        lp = self.logprobs(entries) if entries else None
+        return {"index": self.index} | body | {"logprobs": lp, "finish_reason": finish}
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict:
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens}
+
+
+def whole(job: Job, shape: Shape, n: int, runs: int | None = None, abandoned: Callable[[], bool] | None = None) -> dict:
+    """The response body of a request that does not stream: every choice run to its end. With
+    `runs` > n (best_of), the n runs of the highest cumulative logprob are the choices."""
+    runs = runs or n
+    choices = [_Choice(shape, i, job.prompt) for i in range(runs)]
+    for event in job.events(runs, abandoned):
+        if isinstance(event, Failed):
+            job.cancel()
+            raise APIError(503, f"generation failed: {event.message}", code="engine_error")
+        c = choices[event.index]
+        c.take(event)
+        if isinstance(event, Delta):
+            c.deltas(event.text)
+        else:
+            c.finish = event.reason
+            c.deltas("", end=True)
+    if any(c.finish == "cancelled" for c in choices):  # nobody reads this; the access log shows "client closed"
+        raise APIError(499, "the client closed the connection before the answer was ready", code="client_closed")
+    tokens = sum(c.tokens for c in choices)  # every run counts, as OpenAI bills best_of
+    if runs > n:
+        choices = sorted(choices, key=lambda c: -sum(e.logprob for e in c.entries))[:n]
+        for i, c in enumerate(choices):
+            c.index = i
+    extra = {"prompt_logprobs": choices[0].prompt_logprobs()} if shape.chat and shape.prompt_logprobs is not None else {}
+    return shape.envelope([c.whole() for c in choices], chunk=False, usage=usage(len(job.prompt), tokens), **extra)
+
+
+def sse(obj: dict | str) -> str:
+    return f"data: {obj if isinstance(obj, str) else json.dumps(obj, separators=(',', ':'))}\n\n"
+
+
+def stream(job: Job, shape: Shape, n: int, include_usage: bool, continuous_usage: bool) -> Iterator[str]:
+    """SSE chunks, then `data: [DONE]`. Leaving early (the client went away: the server closes this
+    generator) cancels the job, which frees its slots."""
+    choices = [_Choice(shape, i, job.prompt) for i in range(n)]
+
+    def chunk(choice_list: list, **extra) -> str:
+        if continuous_usage:
+            extra = {"usage": usage(len(job.prompt), sum(c.tokens for c in choices))} | extra
+        return sse(shape.envelope(choice_list, chunk=True, **extra))
+
+    try:
+        for c in choices:
+            if shape.chat:
+                yield chunk([c.chunk({"role": "assistant", "content": ""})])
+        for event in job.events(n):
+            if isinstance(event, Failed):
+                yield sse(APIError(503, f"generation failed: {event.message}", code="engine_error").body())
+                return
+            c = choices[event.index]
+            c.take(event)
+            if shape.echo and not c.echoed:  # the prompt, with its logprobs if asked for, before any token
+                c.echoed, generated, c.pending = True, c.pending, c.echoed_logprobs()
+                yield chunk([c.chunk({"text": shape.echo})])
+                c.pending = generated
+            end = isinstance(event, Finished)
+            for delta in c.deltas(event.text if not end else "", end=end):
+                yield chunk([c.chunk(delta)])
+            if end:
+                yield chunk([c.chunk(None, c.finish_reason(event.reason))])
+        if include_usage:
+            yield sse(shape.envelope([], chunk=True, usage=usage(len(job.prompt), sum(c.tokens for c in choices))))
+        yield sse("[DONE]")
+    finally:
+        job.cancel()

@@ -71,9 +71,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("manifest", help="a manifest YAML file (manifests/*.yaml)")
     c.add_argument("--variant", help="variant name (default: the manifest's first)")
     c.add_argument("--out", help="artifact directory (default: artifacts/NAME-VARIANT)")
-    c.add_argument("--backend", choices=["cpu", "neuron"], default="cpu",
-                   help="cpu: TorchScript graphs, runs anywhere; neuron: Inferentia2 (needs the Neuron SDK) "
-                        "(default: cpu)")
+    c.add_argument(
+        "--backend",
+        choices=["cpu", "neuron"],
+        default="cpu",
+        help="cpu: TorchScript graphs, runs anywhere; neuron: Inferentia2 (needs the Neuron SDK) (default: cpu)",
+    )
     c.set_defaults(run=_compile)
 
     v = sub.add_parser("verify", help="load an artifact as the server does and match the float reference")
@@ -92,12 +95,19 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("dir", help="an artifact directory from `build.py compile`")
     s.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1; 0.0.0.0 for all)")
     s.add_argument("--port", type=int, default=8080, help="port to bind (default: 8080)")
-    s.add_argument("--backend", choices=["auto", "cpu", "neuron"], default="auto",
-                   help="auto: what the artifact was compiled for; cpu or neuron must match it (default: auto)")
+    s.add_argument(
+        "--backend",
+        choices=["auto", "cpu", "neuron"],
+        default="auto",
+        help="auto: what the artifact was compiled for; cpu or neuron must match it (default: auto)",
+    )
     s.set_defaults(run=_serve)
 
-    d = sub.add_parser("doctor", help="check this inf2 machine against the pins, then compile, verify, serve and "
-                                       "bench every Neuron layout on the tiny manifests; a report to attach")
+    d = sub.add_parser(
+        "doctor",
+        help="check this inf2 machine against the pins, then compile, verify, serve and "
+        "bench every Neuron layout on the tiny manifests; a report to attach",
+    )
     d.add_argument("--json", dest="json_out", help="also write the report as JSON here")
     d.add_argument("--layouts", help="comma-separated subset of tp1,batch4,tp2-device-prefill,tp2-host-prefill")
     d.add_argument("--work", help="folder for the artifacts and logs (default: under the cache)")
@@ -105,29 +115,54 @@ def parser() -> argparse.ArgumentParser:
 
     i = sub.add_parser("images", help="build (and push) the base / slim / tp2-slim images")
     i.add_argument("manifest", help="a manifest YAML file (manifests/*.yaml); its `images` section names the tags")
-    i.add_argument("--tags", help="comma-separated images (base, slim, tp2-slim) or their tags to build, with the "
-                                  "base they need (default: all the manifest tags)")
+    i.add_argument(
+        "--tags",
+        help="comma-separated images (base, slim, tp2-slim) or their tags to build, with the "
+        "base they need (default: all the manifest tags)",
+    )
     i.add_argument("--registry", help="HOST:PORT to tag and push to")
-    i.add_argument("--push", action="store_true", help="push each image after it is built (a cpu slim image only "
-                                                       "after its self-test passed in a container)")
+    i.add_argument(
+        "--push",
+        action="store_true",
+        help="push each image after it is built (a cpu slim image only after its self-test passed in a container)",
+    )
     i.add_argument("--base-image", help="the OS image the base starts FROM")
-    i.add_argument("--flavour", choices=["neuron", "cpu"], default=None,
-                   help="neuron images (inf2) or the CPU development flavour "
-                        "(default: neuron for hub models, cpu for random test models)")
-    i.add_argument("--weights", choices=["secret", "copy"], default=None,
-                   help="neuron base: download the weights in the build with a BuildKit secret (buildx; default) "
-                        "or copy the checkpoint downloaded on this host (works with the docker SDK)")
+    i.add_argument(
+        "--flavour",
+        choices=["neuron", "cpu"],
+        default=None,
+        help="neuron images (inf2) or the CPU development flavour "
+        "(default: neuron for hub models, cpu for random test models)",
+    )
+    i.add_argument(
+        "--weights",
+        choices=["secret", "copy"],
+        default=None,
+        help="neuron base: download the weights in the build with a BuildKit secret (buildx; default) "
+        "or copy the checkpoint downloaded on this host (works with the docker SDK)",
+    )
     i.add_argument("--dry-run", action="store_true", help="print the plan and Dockerfiles; no daemon needed")
     i.add_argument("--out", help="with --dry-run: also write each rendered Dockerfile to OUT/KIND.Dockerfile")
     i.set_defaults(run=_images)
 
     b = sub.add_parser("bench", help="speed and memory side by side, as ratios")
-    b.add_argument("dir", nargs="?", help="an artifact directory to measure (default: compile the --model-scale "
-                                         "manifest into a temp dir)")
-    b.add_argument("--model-scale", choices=["tiny", "small"], default="tiny",
-                   help="without DIR: tiny-e2b, or small-e2b (the real E2B layer shapes, 7 layers) (default: tiny)")
-    b.add_argument("--json", dest="json_out", help="where to write the results as JSON, with a PNG of the plots "
-                                                  "beside it (default: artifacts/bench-SCALE.json)")
+    b.add_argument(
+        "dir",
+        nargs="?",
+        help="an artifact directory to measure (default: compile the --model-scale manifest into a temp dir)",
+    )
+    b.add_argument(
+        "--model-scale",
+        choices=["tiny", "small"],
+        default="tiny",
+        help="without DIR: tiny-e2b, or small-e2b (the real E2B layer shapes, 7 layers) (default: tiny)",
+    )
+    b.add_argument(
+        "--json",
+        dest="json_out",
+        help="where to write the results as JSON, with a PNG of the plots "
+        "beside it (default: artifacts/bench-SCALE.json)",
+    )
     b.set_defaults(run=_bench)
     return p
 

@@ -95,8 +95,9 @@ def copy_graphs(batch: int, key_buckets: tuple[int, ...]) -> tuple[str, ...]:
     return () if batch == 1 else tuple(f"copy_{t}" for t in key_buckets)
 
 
-def graph_names(buckets: tuple[int, ...], key_buckets: tuple[int, ...], batch: int,
-                device_prefill: bool = True) -> tuple[str, ...]:
+def graph_names(
+    buckets: tuple[int, ...], key_buckets: tuple[int, ...], batch: int, device_prefill: bool = True
+) -> tuple[str, ...]:
     """Every graph of a variant, in the order they are traced and keyed: prefill_<C>_<T> (unless the
     prompt runs on the host), decode_<T> per key bucket, and copy_<T> at batch > 1."""
     prefill = prefill_graphs(buckets, key_buckets) if device_prefill else ()
@@ -151,8 +152,13 @@ def digest(raw: dict) -> str:
 
 def load_meta(folder: str | Path) -> ArtifactMeta:
     path = Path(folder) / "artifact.json"
-    raw = read_parsed(path, json.loads, ArtifactError, syntax="JSON",
-                      missing=f"{path} is missing: {folder} is not an artifact made by `build.py compile`")
+    raw = read_parsed(
+        path,
+        json.loads,
+        ArtifactError,
+        syntax="JSON",
+        missing=f"{path} is missing: {folder} is not an artifact made by `build.py compile`",
+    )
     if not isinstance(raw, dict):
         raise ArtifactError(f"{path}: not an artifact description (a JSON object); corrupted or replaced")
     if raw.get("format") != ARTIFACT_FORMAT:

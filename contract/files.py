@@ -8,8 +8,14 @@ from pathlib import Path
 from typing import Any
 
 
-def read_parsed(path: Path, parse: Callable[[str], Any], error: type[Exception], missing: str,
-                syntax: str, syntax_errors: tuple[type[Exception], ...] = (ValueError,)) -> Any:
+def read_parsed(
+    path: Path,
+    parse: Callable[[str], Any],
+    error: type[Exception],
+    missing: str,
+    syntax: str,
+    syntax_errors: tuple[type[Exception], ...] = (ValueError,),
+) -> Any:
     """`parse(path's text)`; `missing` is the whole message for an absent file, a parse failure is
     "PATH: not valid SYNTAX: why"."""
     try:

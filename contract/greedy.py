@@ -25,4 +25,3 @@ def argmax(logits: torch.Tensor) -> int:
         if bits[best] > 0:  # a positive maximum (NaN included, as numpy's float argmax would pick it)
             return best
     return int(logits.float().numpy().argmax())
-

@@ -60,8 +60,9 @@ class HostInputs:
         for kind, S in self.spans.items():
             strip = self._bits(self._strip(kind, S))  # (2, 4S)
             widths = {min(t, S) for t in geo.key_buckets} | {S}
-            self.row_bits[kind] = {w: np.lib.stride_tricks.sliding_window_view(strip, w, axis=1).transpose(1, 0, 2)
-                                   for w in widths}  # (4S-w+1, 2, w)
+            self.row_bits[kind] = {
+                w: np.lib.stride_tricks.sliding_window_view(strip, w, axis=1).transpose(1, 0, 2) for w in widths
+            }  # (4S-w+1, 2, w)
         self.order = {g: [n for n in names if not n.startswith("kv")] for g, names in geo.inputs.items()}
 
     def _strip(self, kind: str, S: int) -> torch.Tensor:
@@ -128,8 +129,9 @@ class HostInputs:
         """The graph's inputs in its traced order (each is contiguous: fresh gathers or leading rows)."""
         return tuple(values[n] for n in self.order[graph]) + tuple(kv)
 
-    def prefill(self, ids: list[int], bucket: int, slot: int, kv=(), start: int = 0, keys: int | None = None
-                ) -> tuple[torch.Tensor, ...]:
+    def prefill(
+        self, ids: list[int], bucket: int, slot: int, kv=(), start: int = 0, keys: int | None = None
+    ) -> tuple[torch.Tensor, ...]:
         """A chunk of prompt tokens right-padded to `bucket`, at positions start .. start+n-1 of `slot`
         (whose earlier positions already hold this request's KV), for the prefill graph over the first
         `keys` cache positions (default: the smallest key bucket that holds the chunk); its last
@@ -143,9 +145,11 @@ class HostInputs:
             raise ValueError(f"a chunk of {n} tokens at position {start} does not fit kv_max={self.geo.kv_max}")
         T = keys or self.geo.keys_for_chunk(bucket, start + n)
         if T not in self.geo.prefill_keys(bucket) or start + n > T:
-            raise ValueError(f"a chunk of {n} tokens in bucket {bucket} at position {start} has no prefill graph "
-                             f"over {T} keys; it runs over one of {self.geo.prefill_keys(bucket)} holding "
-                             f"position {start + n - 1}")
+            raise ValueError(
+                f"a chunk of {n} tokens in bucket {bucket} at position {start} has no prefill graph "
+                f"over {T} keys; it runs over one of {self.geo.prefill_keys(bucket)} holding "
+                f"position {start + n - 1}"
+            )
         positions = [start + i for i in range(n)] + [None] * (bucket - n)
         h, ple = self.embed([list(ids) + [0] * (bucket - n)])  # ids (1, C)
         rope = self._gather(self.rope_bits, [[p or 0 for p in positions]])  # (1, C, 2D per kind)
@@ -154,8 +158,9 @@ class HostInputs:
         values["slot"] = torch.nn.functional.one_hot(torch.tensor(slot), self.geo.batch).to(self.dtype)  # (B,)
         return self._assemble("prefill", values, kv)
 
-    def decode(self, tokens: list[int | None], positions: list[int], kv=(), keys: int | None = None
-               ) -> tuple[torch.Tensor, ...]:
+    def decode(
+        self, tokens: list[int | None], positions: list[int], kv=(), keys: int | None = None
+    ) -> tuple[torch.Tensor, ...]:
         """One token per slot, for the decode graph over the first `keys` cache positions (default:
         all); `None` marks an idle slot (it sees no key and writes nothing; its output is never
         read). Four gathers in all: words, PLE, rope rows, mask-and-write rows; nothing else."""
@@ -165,8 +170,12 @@ class HostInputs:
         h, ple = self.embed([[t or 0] for t in tokens])  # ids (B, 1)
         at = [p if t is not None else None for t, p in zip(tokens, positions)]
         pos = [[p or 0] for p in at]  # (B, 1)
-        values = {"hidden": h, "ple": ple, "rope": self._gather(self.rope_bits, pos),  # rope (B, 1, 2D per kind)
-                  **self._rows(at, T)}  # rows_<kind> (B, 2, T)
+        values = {
+            "hidden": h,
+            "ple": ple,
+            "rope": self._gather(self.rope_bits, pos),  # rope (B, 1, 2D per kind)
+            **self._rows(at, T),
+        }  # rows_<kind> (B, 2, T)
         return self._assemble("decode", values, kv)
 
     def copy(self, source: int, target: int, keep: int, keys: int, kv=()) -> tuple[torch.Tensor, ...]:
@@ -176,10 +185,14 @@ class HostInputs:
         if not (0 <= source < B and 0 <= target < B and source != target):
             raise ValueError(f"a copy goes from one slot to another of 0 .. {B - 1}, not {source} -> {target}")
         if keys not in self.geo.key_buckets or not 0 < keep <= keys:
-            raise ValueError(f"a copy of {keep} positions has no graph over {keys} keys; it runs over the "
-                             f"smallest of {self.geo.key_buckets} holding them")
+            raise ValueError(
+                f"a copy of {keep} positions has no graph over {keys} keys; it runs over the "
+                f"smallest of {self.geo.key_buckets} holding them"
+            )
         one_hot = torch.nn.functional.one_hot
-        values = {"source": one_hot(torch.tensor(source), B).to(self.dtype),  # (B,)
-                  "target": one_hot(torch.tensor(target), B).to(self.dtype),  # (B,)
-                  "held": (torch.arange(keys) < keep).to(self.dtype)}  # (T,)
+        values = {
+            "source": one_hot(torch.tensor(source), B).to(self.dtype),  # (B,)
+            "target": one_hot(torch.tensor(target), B).to(self.dtype),  # (B,)
+            "held": (torch.arange(keys) < keep).to(self.dtype),
+        }  # (T,)
         return self._assemble("copy", values, kv)

@@ -30,7 +30,9 @@ KV_STATE = "kv.{index}"  # the model's state key of KV tensor `index`: its name 
 @dataclass(frozen=True)
 class NeuronLayout:
     tp: int
-    device_graphs: tuple[str, ...]  # "prefill_<bucket>_<keys>" ... "decode_<keys>" ... "copy_<keys>" ...: on the NeuronCores
+    device_graphs: tuple[
+        str, ...
+    ]  # "prefill_<bucket>_<keys>" ... "decode_<keys>" ... "copy_<keys>" ...: on the NeuronCores
     host_prefill: bool
 
     @property
@@ -50,14 +52,15 @@ class NeuronLayout:
         return sum(not name.startswith("copy") for name in self.device_graphs)
 
 
-def neuron_layout(tp: int, prefill: str, buckets: tuple[int, ...], key_buckets: tuple[int, ...],
-                  batch: int) -> NeuronLayout:
+def neuron_layout(
+    tp: int, prefill: str, buckets: tuple[int, ...], key_buckets: tuple[int, ...], batch: int
+) -> NeuronLayout:
     host = prefill == "host"
     return NeuronLayout(tp, graph_names(buckets, key_buckets, batch, device_prefill=not host), host)
 
 
 def parse_graph(name: str) -> tuple[str, int, int]:
-    """"prefill_128_2048" -> ("prefill", 128, 2048): a chunk of 128 over 2,048 keys; "decode_2048" ->
+    """ "prefill_128_2048" -> ("prefill", 128, 2048): a chunk of 128 over 2,048 keys; "decode_2048" ->
     ("decode", 1, 2048): one token per slot over 2,048 keys; "copy_2048" -> ("copy", 0, 2048): a
     slot's first 2,048 positions into another, no query."""
     graph, *sizes = name.split("_")
@@ -78,14 +81,20 @@ def signature(geo: Geometry, name: str) -> list[tuple[str, tuple[int, ...], torc
     else:
         rows = 1 if graph == "prefill" else B
         queries = S if graph == "prefill" else B  # a mask-and-write row per chunk token, or per slot
-        shapes = {"hidden": (rows, S, geo.hidden), "ple": (rows, S, geo.num_layers, geo.ple_dim),
-                  "rope": (rows, S, sum(2 * r.head_dim for r in geo.rope.values())), "last": (1, S), "slot": (B,)}
+        shapes = {
+            "hidden": (rows, S, geo.hidden),
+            "ple": (rows, S, geo.num_layers, geo.ple_dim),
+            "rope": (rows, S, sum(2 * r.head_dim for r in geo.rope.values())),
+            "last": (1, S),
+            "slot": (B,),
+        }
         shapes |= {f"rows_{kind}": (queries, 2, min(keys, geo.span(kind))) for kind in geo.kinds}
     dtype = DTYPES[geo.dtype]
     return [(n, shapes[n], dtype) for n in geo.inputs[graph] if not n.startswith("kv")]
 
 
 # -- where the ranks run ------------------------------------------------------------------------
+
 
 class NeuronPlacementError(ArtifactError):
     pass
@@ -102,8 +111,9 @@ def visible_cores(env=os.environ) -> tuple[int, ...] | None:
     for part in raw.split(","):
         first, _, last = part.strip().partition("-")
         if not first.isdigit() or not (last or first).isdigit() or int(last or first) < int(first):
-            raise NeuronPlacementError(f"NEURON_RT_VISIBLE_CORES={raw!r}: {part!r} is not a core id or a range "
-                                       "like 0, 0,1 or 4-5")
+            raise NeuronPlacementError(
+                f"NEURON_RT_VISIBLE_CORES={raw!r}: {part!r} is not a core id or a range like 0, 0,1 or 4-5"
+            )
         cores += range(int(first), int(last or first) + 1)
     return tuple(cores)
 
@@ -115,6 +125,8 @@ def rank_cores(tp: int, env=os.environ) -> tuple[int, ...] | None:
     if cores is None:
         return None
     if len(cores) < tp:
-        raise NeuronPlacementError(f"this artifact has {tp} ranks, one per NeuronCore, but NEURON_RT_VISIBLE_CORES="
-                                   f"{env['NEURON_RT_VISIBLE_CORES']} gives the process {len(cores)}: give it {tp} cores")
+        raise NeuronPlacementError(
+            f"this artifact has {tp} ranks, one per NeuronCore, but NEURON_RT_VISIBLE_CORES="
+            f"{env['NEURON_RT_VISIBLE_CORES']} gives the process {len(cores)}: give it {tp} cores"
+        )
     return cores[:tp]

@@ -50,8 +50,12 @@ def worst(stats: list[StepStats]) -> StepStats | None:
     """Each figure at its worst over the steps (the steps may differ per figure)."""
     if not stats:
         return None
-    return StepStats(max(s.max_abs for s in stats), min(s.cosine for s in stats),
-                     max(s.kl for s in stats), min(s.topk for s in stats))
+    return StepStats(
+        max(s.max_abs for s in stats),
+        min(s.cosine for s in stats),
+        max(s.kl for s in stats),
+        min(s.topk for s in stats),
+    )
 
 
 @dataclass(frozen=True)
@@ -65,10 +69,12 @@ class Bounds:
 
     def exceeded(self, s: StepStats) -> str | None:
         """What the step breaks, or None."""
-        over = [(s.max_abs > self.max_abs, f"max |logit diff| {s.max_abs:.3g} > {self.max_abs:g}"),
-                (1 - s.cosine > self.one_minus_cosine, f"1 - cosine {1 - s.cosine:.3g} > {self.one_minus_cosine:g}"),
-                (s.kl > self.kl, f"KL {s.kl:.3g} > {self.kl:g}"),
-                (s.topk < self.topk, f"top-{TOP_K} overlap {s.topk:.2f} < {self.topk:g}")]
+        over = [
+            (s.max_abs > self.max_abs, f"max |logit diff| {s.max_abs:.3g} > {self.max_abs:g}"),
+            (1 - s.cosine > self.one_minus_cosine, f"1 - cosine {1 - s.cosine:.3g} > {self.one_minus_cosine:g}"),
+            (s.kl > self.kl, f"KL {s.kl:.3g} > {self.kl:g}"),
+            (s.topk < self.topk, f"top-{TOP_K} overlap {s.topk:.2f} < {self.topk:g}"),
+        ]
         broken = [text for bad, text in over if bad]
         return ", ".join(broken) or None
 
@@ -103,8 +109,9 @@ def golden_steps(reference: list[torch.Tensor]) -> list[tuple[list[int], list[fl
     return out
 
 
-def judge_golden(golden, tokens: list[int], raw_logits: list[torch.Tensor], cap: float | None,
-                 dtype: str) -> tuple[int, str | None]:
+def judge_golden(
+    golden, tokens: list[int], raw_logits: list[torch.Tensor], cap: float | None, dtype: str
+) -> tuple[int, str | None]:
     """A device run of a golden prompt against the reference steps stored at compile time: the steps
     it was judged on, and why it fails (None if it passes).
 
@@ -120,15 +127,21 @@ def judge_golden(golden, tokens: list[int], raw_logits: list[torch.Tensor], cap:
         dev = softcap(raw.double()[list(step.ids)], cap)
         err = float((dev - torch.tensor(step.logits, dtype=torch.float64)).abs().max())
         if err > bound:
-            return i + 1, (f"step {i}: the logits of the reference's best {len(step.ids)} tokens are off by "
-                           f"{err:.3g}, more than the {dtype} bound {bound:g}")
+            return i + 1, (
+                f"step {i}: the logits of the reference's best {len(step.ids)} tokens are off by "
+                f"{err:.3g}, more than the {dtype} bound {bound:g}"
+            )
         if token != want:
             if token not in step.ids:
-                return i + 1, (f"step {i}: token {token}, the reference's is {want}, and {token} is not among its "
-                               f"best {len(step.ids)}: not a near-tie")
+                return i + 1, (
+                    f"step {i}: token {token}, the reference's is {want}, and {token} is not among its "
+                    f"best {len(step.ids)}: not a near-tie"
+                )
             gap = step.logits[0] - step.logits[step.ids.index(token)]
             if gap > 2 * bound:
-                return i + 1, (f"step {i}: token {token}, the reference's is {want} by a gap of {gap:.3g}, more "
-                               f"than twice the {dtype} bound {bound:g}: not a near-tie")
+                return i + 1, (
+                    f"step {i}: token {token}, the reference's is {want} by a gap of {gap:.3g}, more "
+                    f"than twice the {dtype} bound {bound:g}: not a near-tie"
+                )
             return i + 1, None
     return min(len(tokens), len(golden.steps)), None

@@ -47,8 +47,10 @@ def require(module: str, package: str, version: str | None = None):
 
 def system_package_version(package: str = RUNTIME_PACKAGE) -> str | None:
     """An installed Neuron system package (not a wheel), when a package manager knows it."""
-    for tool, args in (("dpkg-query", ["-W", "-f=${Version}", package]),
-                       ("rpm", ["-q", "--qf", "%{VERSION}-%{RELEASE}", package])):
+    for tool, args in (
+        ("dpkg-query", ["-W", "-f=${Version}", package]),
+        ("rpm", ["-q", "--qf", "%{VERSION}-%{RELEASE}", package]),
+    ):
         if shutil.which(tool):
             done = subprocess.run([tool, *args], capture_output=True, text=True, check=False)
             if done.returncode == 0 and done.stdout.strip():
@@ -95,11 +97,15 @@ def driver_problem(required: str | None, found: str | None) -> str | None:
     if not required:
         return None
     if found is None:
-        return (f"no Neuron driver is loaded ({DRIVER_VERSION_FILE} is missing): install aws-neuronx-dkms "
-                f">= {required} on the host")
+        return (
+            f"no Neuron driver is loaded ({DRIVER_VERSION_FILE} is missing): install aws-neuronx-dkms "
+            f">= {required} on the host"
+        )
     if _release(found) < _release(required):
-        return (f"the host's Neuron driver is {found}, older than the {required} this SDK release needs: "
-                "update aws-neuronx-dkms on the host (the runtime may refuse it or fail on load)")
+        return (
+            f"the host's Neuron driver is {found}, older than the {required} this SDK release needs: "
+            "update aws-neuronx-dkms on the host (the runtime may refuse it or fail on load)"
+        )
     return None
 
 
@@ -113,14 +119,20 @@ def check_driver(required: str | None, path: Path = DRIVER_VERSION_FILE) -> str 
 
 def pin_problems(pins: dict[str, str], installed: dict[str, str]) -> list[str]:
     """One line per package whose installed version does not match the manifest's toolchain pin."""
-    return [f"{pkg} {installed.get(pkg, 'is not installed')} (manifest pins {pin})"
-            for pkg, pin in pins.items() if not matches_pin(pin, installed.get(pkg, ""))]
+    return [
+        f"{pkg} {installed.get(pkg, 'is not installed')} (manifest pins {pin})"
+        for pkg, pin in pins.items()
+        if not matches_pin(pin, installed.get(pkg, ""))
+    ]
 
 
 def version_problems(recorded: dict[str, str], installed: dict[str, str]) -> list[str]:
     """One line per SDK component the artifact recorded that is installed at another version (or not at all)."""
-    return [f"{pkg}: compiled with {recorded[pkg]}, installed {installed.get(pkg, 'none (or not detectable)')}"
-            for pkg in (*NEURON_PACKAGES, RUNTIME_PACKAGE) if pkg in recorded and installed.get(pkg) != recorded[pkg]]
+    return [
+        f"{pkg}: compiled with {recorded[pkg]}, installed {installed.get(pkg, 'none (or not detectable)')}"
+        for pkg in (*NEURON_PACKAGES, RUNTIME_PACKAGE)
+        if pkg in recorded and installed.get(pkg) != recorded[pkg]
+    ]
 
 
 def check_versions(recorded: dict[str, str], installed: dict[str, str]) -> None:
@@ -128,6 +140,7 @@ def check_versions(recorded: dict[str, str], installed: dict[str, str]) -> None:
     if problems:
         raise VersionMismatch(
             "this Neuron artifact was compiled under another SDK and could run but return garbage: "
-            + "; ".join(problems) + ". Install the recorded versions or recompile here "
+            + "; ".join(problems)
+            + ". Install the recorded versions or recompile here "
             "(`build.py compile MANIFEST --variant V --backend neuron`)"
         )

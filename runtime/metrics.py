@@ -15,27 +15,49 @@ class Metrics:
     def __init__(self):
         self.registry = CollectorRegistry()
         r = self.registry
-        self.requests = Counter("gemma4_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r)
+        self.requests = Counter(
+            "gemma4_requests", "HTTP requests by endpoint and status", ["endpoint", "status"], registry=r
+        )
         self.queue_depth = Gauge("gemma4_queue_depth", "requests waiting for a free slot", registry=r)
         self.busy_slots = Gauge("gemma4_busy_slots", "KV slots serving a request", registry=r)
         self.slots = Gauge("gemma4_slots", "KV slots of the loaded artifact (batch)", registry=r)
         self.ready = Gauge("gemma4_ready", "1 once the self-test passed", registry=r)
-        self.ttft = Histogram("gemma4_time_to_first_token_seconds", "from accepting a request to its first token",
-                              buckets=TTFT_BUCKETS, registry=r)
-        self.token_latency = Histogram("gemma4_token_latency_seconds", "time between consecutive tokens of a request",
-                                       buckets=TOKEN_BUCKETS, registry=r)
+        self.ttft = Histogram(
+            "gemma4_time_to_first_token_seconds",
+            "from accepting a request to its first token",
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
+        self.token_latency = Histogram(
+            "gemma4_token_latency_seconds",
+            "time between consecutive tokens of a request",
+            buckets=TOKEN_BUCKETS,
+            registry=r,
+        )
         self.tokens = Counter("gemma4_tokens_generated", "tokens generated", registry=r)
-        self.prefix_requests = Counter("gemma4_prefix_requests", "requests given a slot, by whether they kept a "
-                                       "retained prefix's KV (hit) or prefilled the whole prompt (miss)",
-                                       ["result"], registry=r)
-        self.prefix_reused = Counter("gemma4_prefix_tokens_reused", "prompt tokens whose KV a request kept from a "
-                                     "retained slot instead of prefilling them", registry=r)
-        self.prefix_hit_rate = Gauge("gemma4_prefix_hit_rate", "share of requests that kept a retained prefix",
-                                     registry=r)
-        self.forks = Counter("gemma4_forks", "choices of an n > 1 request started from a copy of another "
-                             "choice's KV instead of a prefill", registry=r)
-        self.fork_tokens = Counter("gemma4_fork_tokens_saved", "prompt tokens those choices did not prefill",
-                                   registry=r)
+        self.prefix_requests = Counter(
+            "gemma4_prefix_requests",
+            "requests given a slot, by whether they kept a "
+            "retained prefix's KV (hit) or prefilled the whole prompt (miss)",
+            ["result"],
+            registry=r,
+        )
+        self.prefix_reused = Counter(
+            "gemma4_prefix_tokens_reused",
+            "prompt tokens whose KV a request kept from a retained slot instead of prefilling them",
+            registry=r,
+        )
+        self.prefix_hit_rate = Gauge(
+            "gemma4_prefix_hit_rate", "share of requests that kept a retained prefix", registry=r
+        )
+        self.forks = Counter(
+            "gemma4_forks",
+            "choices of an n > 1 request started from a copy of another choice's KV instead of a prefill",
+            registry=r,
+        )
+        self.fork_tokens = Counter(
+            "gemma4_fork_tokens_saved", "prompt tokens those choices did not prefill", registry=r
+        )
         self._prefix = {"hit": 0, "miss": 0}
 
     def watch(self, queue_depth: Callable[[], float], busy_slots: Callable[[], float]) -> None:

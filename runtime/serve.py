@@ -14,7 +14,6 @@ from gunicorn.app.base import BaseApplication
 
 from contract.artifact import load_meta
 from contract.errors import Gemma4Error
-
 from runtime.settings import ENV, Settings, check_backend, check_port
 
 
@@ -87,8 +86,12 @@ def run(environ: Mapping[str, str]) -> int:
 
 
 def serve(folder: Path, host: str, port: int, backend: str) -> int:
-    overrides = {ENV["artifact"]: str(Path(folder).resolve()), ENV["host"]: host, ENV["port"]: str(port),
-                 ENV["backend"]: backend}
+    overrides = {
+        ENV["artifact"]: str(Path(folder).resolve()),
+        ENV["host"]: host,
+        ENV["port"]: str(port),
+        ENV["backend"]: backend,
+    }
     return run(os.environ | overrides)
 
 

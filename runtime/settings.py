@@ -49,7 +49,9 @@ class Settings(BaseModel):
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
         if not environ.get(ENV["artifact"]):
-            raise SettingsError(f"{ENV['artifact']} is not set: point it at an artifact directory from `build.py compile`")
+            raise SettingsError(
+                f"{ENV['artifact']} is not set: point it at an artifact directory from `build.py compile`"
+            )
         # An empty variable means "unset": the default applies (and an empty API key is no key).
         raw = {field: environ[var] for field, var in ENV.items() if environ.get(var, "") != ""}
         try:
@@ -58,7 +60,6 @@ class Settings(BaseModel):
             err = exc.errors()[0]
             var = ENV[str(err["loc"][0])]
             raise SettingsError(f"{var}={environ.get(var)!r}: {err['msg']}") from None
-
 
 
 def check_backend(settings: Settings, artifact_backend: str) -> None:
@@ -77,5 +78,7 @@ def check_port(settings: Settings) -> None:
         try:
             probe.bind((settings.host, settings.port))
         except OSError as exc:
-            raise SettingsError(f"{ENV['host']}={settings.host} {ENV['port']}={settings.port}: cannot listen there "
-                                f"({exc.strerror}); stop what uses it or choose another port (--port)") from None
+            raise SettingsError(
+                f"{ENV['host']}={settings.host} {ENV['port']}={settings.port}: cannot listen there "
+                f"({exc.strerror}); stop what uses it or choose another port (--port)"
+            ) from None

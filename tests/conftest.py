@@ -9,7 +9,6 @@ import pytest
 
 from support import MANIFESTS
 
-
 _SESSION_CACHE: list[str] = []  # the per-session cache this conftest made, removed at the end
 
 

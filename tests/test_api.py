@@ -15,10 +15,13 @@ import pytest
 from support.http import CHAT, COMPLETIONS, HI, MODEL, assert_error, client, engine, settings, sse_events  # noqa: F401
 
 
-@pytest.mark.parametrize("path,body", [
-    (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 10, "temperature": 0}),
-    (COMPLETIONS, {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 10, "temperature": 0}),
-])
+@pytest.mark.parametrize(
+    "path,body",
+    [
+        (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 10, "temperature": 0}),
+        (COMPLETIONS, {"model": MODEL, "prompt": "The capital of France is", "max_tokens": 10, "temperature": 0}),
+    ],
+)
 def test_streamed_text_equals_the_whole_response(client, path, body):
     whole = client.post(path, json=body).get_json()
     choice = whole["choices"][0]
@@ -64,78 +67,130 @@ def test_stop_strings_over_the_api(client):
 TOO_LONG = "hello world " * 40  # > 64 tokens, the context of tiny-e2b
 
 
-@pytest.mark.parametrize("path,body,status,param,code", [
-    (CHAT, b"{not json", 400, None, "invalid_json"),
-    (CHAT, b"[1, 2]", 400, None, "invalid_type"),
-    (CHAT, {"model": MODEL}, 400, "messages", None),
-    (CHAT, {"model": MODEL, "messages": []}, 400, "messages", None),
-    (CHAT, {"model": MODEL, "messages": "hi"}, 400, "messages", None),
-    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content", None),
-    (CHAT, {"model": MODEL, "messages": [{"role": "function", "content": "x"}]}, 400, "messages.0.role", None),
-    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, 400,
-     "messages.0.content", None),
-    (CHAT, {"model": "gpt-4", "messages": HI}, 404, "model", "model_not_found"),
-    (CHAT, {"model": MODEL, "messages": HI, "max_tokens": "5"}, 400, "max_tokens", None),
-    (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 0}, 400, "max_tokens", None),
-    (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 2.5}, 400, "max_tokens", None),
-    (CHAT, {"model": MODEL, "messages": HI, "temperature": "hot"}, 400, "temperature", None),
-    (CHAT, {"model": MODEL, "messages": HI, "temperature": 3}, 400, "temperature", None),
-    (CHAT, {"model": MODEL, "messages": HI, "top_p": 0}, 400, "top_p", None),
-    (CHAT, {"model": MODEL, "messages": HI, "top_k": -2}, 400, "top_k", None),
-    (CHAT, {"model": MODEL, "messages": HI, "stream": "yes"}, 400, "stream", None),
-    (CHAT, {"model": MODEL, "messages": HI, "stop": 5}, 400, "stop", None),
-    (CHAT, {"model": MODEL, "messages": HI, "stop": [""]}, 400, "stop", None),
-    (CHAT, {"model": MODEL, "messages": HI, "n": 129}, 400, "n", None),
-    (CHAT, {"model": MODEL, "messages": HI, "n": 0}, 400, "n", None),
-    (CHAT, {"model": MODEL, "messages": HI, "logprobs": "yes"}, 400, "logprobs", None),
-    (CHAT, {"model": MODEL, "messages": HI, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", None),
-    (CHAT, {"model": MODEL, "messages": HI, "top_logprobs": 2}, 400, "top_logprobs", None),
-    (CHAT, {"model": MODEL, "messages": HI, "presence_penalty": 3}, 400, "presence_penalty", None),
-    (CHAT, {"model": MODEL, "messages": HI, "repetition_penalty": 0}, 400, "repetition_penalty", None),
-    (CHAT, {"model": MODEL, "messages": HI, "logit_bias": {"abc": 1}}, 400, "logit_bias", None),
-    (CHAT, {"model": MODEL, "messages": HI, "logit_bias": {"5": 101}}, 400, "logit_bias.5", None),
-    (CHAT, {"model": MODEL, "messages": HI, "logit_bias": {"99999": 1}}, 400, "logit_bias", None),
-    (CHAT, {"model": MODEL, "messages": HI, "stop_token_ids": [99999]}, 400, "stop_token_ids", None),
-    (CHAT, {"model": MODEL, "messages": HI, "min_tokens": -1}, 400, "min_tokens", None),
-    (CHAT, {"model": MODEL, "messages": HI, "ignore_eos": "no"}, 400, "ignore_eos", None),
-    (CHAT, {"model": MODEL, "messages": HI, "stream_options": {"include_usage": 1}}, 400,
-     "stream_options.include_usage", None),
-    (CHAT, {"model": MODEL, "messages": HI, "response_format": {"type": "xml"}}, 400, "response_format.type", None),
-    (CHAT, {"model": MODEL, "messages": HI, "response_format": {"type": "json_schema"}}, 400,
-     "response_format.json_schema", None),
-    (CHAT, {"model": MODEL, "messages": HI, "response_format": {"type": "json_schema", "json_schema": {
-        "name": "x", "schema": {"type": "wat"}}}}, 400, "response_format", None),
-    (CHAT, {"model": MODEL, "messages": HI, "guided_regex": "(", "guided_choice": ["a"]}, 400, "guided_choice", None),
-    (CHAT, {"model": MODEL, "messages": HI, "guided_regex": "("}, 400, "guided_regex", None),
-    (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 100}, 400, "messages", "context_length_exceeded"),
-    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": TOO_LONG}]}, 400, "messages",
-     "context_length_exceeded"),
-    (COMPLETIONS, {"model": MODEL, "prompt": TOO_LONG}, 400, "prompt", "context_length_exceeded"),
-    (COMPLETIONS, {"model": MODEL, "prompt": []}, 400, "prompt", None),
-    (COMPLETIONS, {"model": MODEL, "prompt": [1, 99999]}, 400, "prompt", None),
-    (COMPLETIONS, {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", None),
-    (COMPLETIONS, {"model": MODEL, "prompt": "x", "logprobs": 6}, 400, "logprobs", None),
-    (CHAT, {"model": MODEL, "messages": HI, "min_p": 1.5}, 400, "min_p", None),
-    (CHAT, {"model": MODEL, "messages": HI, "min_p": -0.1}, 400, "min_p", None),
-    (CHAT, {"model": MODEL, "messages": HI, "use_beam_search": True}, 400, "use_beam_search", "unsupported_parameter"),
-    (COMPLETIONS, {"model": MODEL, "prompt": "x", "use_beam_search": True, "length_penalty": 0.5}, 400,
-     "use_beam_search", "unsupported_parameter"),
-    (CHAT, {"model": MODEL, "messages": HI, "length_penalty": "long"}, 400, "length_penalty", None),
-    (COMPLETIONS, {"model": MODEL, "prompt": [[1, 2], [3]]}, 400, "prompt", None),
-    (COMPLETIONS, {"model": MODEL, "prompt": "x", "prompt_logprobs": -1}, 400, "prompt_logprobs", None),
-    (CHAT, {"model": MODEL, "messages": HI, "prompt_logprobs": 21}, 400, "prompt_logprobs", None),
-])
+@pytest.mark.parametrize(
+    "path,body,status,param,code",
+    [
+        (CHAT, b"{not json", 400, None, "invalid_json"),
+        (CHAT, b"[1, 2]", 400, None, "invalid_type"),
+        (CHAT, {"model": MODEL}, 400, "messages", None),
+        (CHAT, {"model": MODEL, "messages": []}, 400, "messages", None),
+        (CHAT, {"model": MODEL, "messages": "hi"}, 400, "messages", None),
+        (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": 5}]}, 400, "messages.0.content", None),
+        (CHAT, {"model": MODEL, "messages": [{"role": "function", "content": "x"}]}, 400, "messages.0.role", None),
+        (
+            CHAT,
+            {"model": MODEL, "messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            400,
+            "messages.0.content",
+            None,
+        ),
+        (CHAT, {"model": "gpt-4", "messages": HI}, 404, "model", "model_not_found"),
+        (CHAT, {"model": MODEL, "messages": HI, "max_tokens": "5"}, 400, "max_tokens", None),
+        (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 0}, 400, "max_tokens", None),
+        (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 2.5}, 400, "max_tokens", None),
+        (CHAT, {"model": MODEL, "messages": HI, "temperature": "hot"}, 400, "temperature", None),
+        (CHAT, {"model": MODEL, "messages": HI, "temperature": 3}, 400, "temperature", None),
+        (CHAT, {"model": MODEL, "messages": HI, "top_p": 0}, 400, "top_p", None),
+        (CHAT, {"model": MODEL, "messages": HI, "top_k": -2}, 400, "top_k", None),
+        (CHAT, {"model": MODEL, "messages": HI, "stream": "yes"}, 400, "stream", None),
+        (CHAT, {"model": MODEL, "messages": HI, "stop": 5}, 400, "stop", None),
+        (CHAT, {"model": MODEL, "messages": HI, "stop": [""]}, 400, "stop", None),
+        (CHAT, {"model": MODEL, "messages": HI, "n": 129}, 400, "n", None),
+        (CHAT, {"model": MODEL, "messages": HI, "n": 0}, 400, "n", None),
+        (CHAT, {"model": MODEL, "messages": HI, "logprobs": "yes"}, 400, "logprobs", None),
+        (CHAT, {"model": MODEL, "messages": HI, "logprobs": True, "top_logprobs": 21}, 400, "top_logprobs", None),
+        (CHAT, {"model": MODEL, "messages": HI, "top_logprobs": 2}, 400, "top_logprobs", None),
+        (CHAT, {"model": MODEL, "messages": HI, "presence_penalty": 3}, 400, "presence_penalty", None),
+        (CHAT, {"model": MODEL, "messages": HI, "repetition_penalty": 0}, 400, "repetition_penalty", None),
+        (CHAT, {"model": MODEL, "messages": HI, "logit_bias": {"abc": 1}}, 400, "logit_bias", None),
+        (CHAT, {"model": MODEL, "messages": HI, "logit_bias": {"5": 101}}, 400, "logit_bias.5", None),
+        (CHAT, {"model": MODEL, "messages": HI, "logit_bias": {"99999": 1}}, 400, "logit_bias", None),
+        (CHAT, {"model": MODEL, "messages": HI, "stop_token_ids": [99999]}, 400, "stop_token_ids", None),
+        (CHAT, {"model": MODEL, "messages": HI, "min_tokens": -1}, 400, "min_tokens", None),
+        (CHAT, {"model": MODEL, "messages": HI, "ignore_eos": "no"}, 400, "ignore_eos", None),
+        (
+            CHAT,
+            {"model": MODEL, "messages": HI, "stream_options": {"include_usage": 1}},
+            400,
+            "stream_options.include_usage",
+            None,
+        ),
+        (CHAT, {"model": MODEL, "messages": HI, "response_format": {"type": "xml"}}, 400, "response_format.type", None),
+        (
+            CHAT,
+            {"model": MODEL, "messages": HI, "response_format": {"type": "json_schema"}},
+            400,
+            "response_format.json_schema",
+            None,
+        ),
+        (
+            CHAT,
+            {
+                "model": MODEL,
+                "messages": HI,
+                "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}},
+            },
+            400,
+            "response_format",
+            None,
+        ),
+        (
+            CHAT,
+            {"model": MODEL, "messages": HI, "guided_regex": "(", "guided_choice": ["a"]},
+            400,
+            "guided_choice",
+            None,
+        ),
+        (CHAT, {"model": MODEL, "messages": HI, "guided_regex": "("}, 400, "guided_regex", None),
+        (CHAT, {"model": MODEL, "messages": HI, "max_tokens": 100}, 400, "messages", "context_length_exceeded"),
+        (
+            CHAT,
+            {"model": MODEL, "messages": [{"role": "user", "content": TOO_LONG}]},
+            400,
+            "messages",
+            "context_length_exceeded",
+        ),
+        (COMPLETIONS, {"model": MODEL, "prompt": TOO_LONG}, 400, "prompt", "context_length_exceeded"),
+        (COMPLETIONS, {"model": MODEL, "prompt": []}, 400, "prompt", None),
+        (COMPLETIONS, {"model": MODEL, "prompt": [1, 99999]}, 400, "prompt", None),
+        (COMPLETIONS, {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", None),
+        (COMPLETIONS, {"model": MODEL, "prompt": "x", "logprobs": 6}, 400, "logprobs", None),
+        (CHAT, {"model": MODEL, "messages": HI, "min_p": 1.5}, 400, "min_p", None),
+        (CHAT, {"model": MODEL, "messages": HI, "min_p": -0.1}, 400, "min_p", None),
+        (
+            CHAT,
+            {"model": MODEL, "messages": HI, "use_beam_search": True},
+            400,
+            "use_beam_search",
+            "unsupported_parameter",
+        ),
+        (
+            COMPLETIONS,
+            {"model": MODEL, "prompt": "x", "use_beam_search": True, "length_penalty": 0.5},
+            400,
+            "use_beam_search",
+            "unsupported_parameter",
+        ),
+        (CHAT, {"model": MODEL, "messages": HI, "length_penalty": "long"}, 400, "length_penalty", None),
+        (COMPLETIONS, {"model": MODEL, "prompt": [[1, 2], [3]]}, 400, "prompt", None),
+        (COMPLETIONS, {"model": MODEL, "prompt": "x", "prompt_logprobs": -1}, 400, "prompt_logprobs", None),
+        (CHAT, {"model": MODEL, "messages": HI, "prompt_logprobs": 21}, 400, "prompt_logprobs", None),
+    ],
+)
 def test_bad_input_gets_a_4xx_json_error_and_the_server_stays_ready(client, path, body, status, param, code):
     resp = client.post(path, data=body) if isinstance(body, bytes) else client.post(path, json=body)
     assert_error(resp, status, param, code)
     assert client.get("/ready").status_code == 200
 
 
-@pytest.mark.parametrize("path, body, param", [
-    (COMPLETIONS, {"model": MODEL, "prompt": "x" * 500_000}, "prompt"),
-    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "y" * 250_000}] * 2}, "messages"),
-    (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "a"}] * 70}, "messages"),  # > kv_max - 1
-])
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        (COMPLETIONS, {"model": MODEL, "prompt": "x" * 500_000}, "prompt"),
+        (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "y" * 250_000}] * 2}, "messages"),
+        (CHAT, {"model": MODEL, "messages": [{"role": "user", "content": "a"}] * 70}, "messages"),  # > kv_max - 1
+    ],
+)
 def test_what_cannot_fit_is_refused_before_tokenizing(client, monkeypatch, path, body, param):
     """A 1 MB prompt took ~1 s of CPU to template and tokenize before its length was checked."""
     monkeypatch.setattr("runtime.api.routes.tokenize", lambda encode: pytest.fail("the prompt was tokenized"))
@@ -157,7 +212,6 @@ def test_too_long_prompt_and_max_tokens_errors_name_the_numbers(client):
     assert "context of this model is 64 tokens" in err["message"] and "at most 63" in err["message"]
     err = assert_error(client.post(COMPLETIONS, json={"model": MODEL, "prompt": "hi", "max_tokens": 70}), 400)
     assert "max_tokens (70)" in err["message"] and "64 tokens" in err["message"]
-
 
 
 def test_full_queue_answers_503_with_retry_after(client, engine, monkeypatch):
@@ -192,8 +246,9 @@ def test_a_client_that_leaves_a_whole_answer_frees_its_slot(client, engine, monk
         peer.close()
     out = {}
     body = {"model": MODEL, "messages": HI, "max_tokens": 40, "temperature": 0}
-    worker = threading.Thread(target=lambda: out.update(resp=client.post(
-        CHAT, json=body, environ_base={"gunicorn.socket": ours})))
+    worker = threading.Thread(
+        target=lambda: out.update(resp=client.post(CHAT, json=body, environ_base={"gunicorn.socket": ours}))
+    )
     worker.start()
     time.sleep(0.5)  # the job is in its slot, at the gate, and the client's socket was looked at
     gate.set()
@@ -207,17 +262,36 @@ def test_a_client_that_leaves_a_whole_answer_frees_its_slot(client, engine, monk
     assert engine.busy_slots == 0 and client.get("/ready").status_code == 200
 
 
-
 def test_unknown_fields_are_ignored_and_logged_once_neutral_values_accepted(client, caplog):
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi", "x_note": 1}], "max_tokens": 3,
-            "temperature": 0, "x_vendor": {"a": 1}, "stream_options": {"include_usage": False, "x_opt": 1},
-            # what clients send with neutral values
-            "presence_penalty": 0, "frequency_penalty": 0, "logprobs": False, "response_format": {"type": "text"},
-            "n": 1, "user": "u-1", "metadata": {"k": "v"}, "max_completion_tokens": 3, "top_k": -1,
-            "repetition_penalty": 1.0, "skip_special_tokens": True, "logit_bias": {}, "stop_token_ids": [],
-            "min_p": 0, "use_beam_search": False, "length_penalty": 1.0, "early_stopping": False}
-    plain = client.post(CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}],
-                                    "max_tokens": 3, "temperature": 0}).get_json()
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi", "x_note": 1}],
+        "max_tokens": 3,
+        "temperature": 0,
+        "x_vendor": {"a": 1},
+        "stream_options": {"include_usage": False, "x_opt": 1},
+        # what clients send with neutral values
+        "presence_penalty": 0,
+        "frequency_penalty": 0,
+        "logprobs": False,
+        "response_format": {"type": "text"},
+        "n": 1,
+        "user": "u-1",
+        "metadata": {"k": "v"},
+        "max_completion_tokens": 3,
+        "top_k": -1,
+        "repetition_penalty": 1.0,
+        "skip_special_tokens": True,
+        "logit_bias": {},
+        "stop_token_ids": [],
+        "min_p": 0,
+        "use_beam_search": False,
+        "length_penalty": 1.0,
+        "early_stopping": False,
+    }
+    plain = client.post(
+        CHAT, json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0}
+    ).get_json()
     with caplog.at_level("WARNING", logger="gemma4.api"):
         first = client.post(CHAT, json=body)
         second = client.post(CHAT, json=body)
@@ -227,24 +301,46 @@ def test_unknown_fields_are_ignored_and_logged_once_neutral_values_accepted(clie
     assert sorted(m.split("'")[1] for m in logged) == ["messages[].x_note", "stream_options.x_opt", "x_vendor"]
 
 
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
-                                           "rank": {"type": "integer", "minimum": 1, "maximum": 9},
-                                           "kind": {"enum": ["town", "capital"]}},
-          "required": ["city", "rank", "kind"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 12},
+        "rank": {"type": "integer", "minimum": 1, "maximum": 9},
+        "kind": {"enum": ["town", "capital"]},
+    },
+    "required": ["city", "rank", "kind"],
+    "additionalProperties": False,
+}
 
 
-@pytest.mark.parametrize("extra,check", [
-    ({"response_format": {"type": "json_schema", "json_schema": {"name": "place", "schema": SCHEMA, "strict": True}}},
-     lambda text: jsonschema.validate(json.loads(text), SCHEMA)),
-    ({"structured_outputs": {"choice": ["Paris", "Rome"]}}, lambda text: text in ("Paris", "Rome")),
-    ({"guided_regex": "[0-9]{2}-[a-z]{3}"}, lambda text: re.fullmatch("[0-9]{2}-[a-z]{3}", text)),
-    ({"guided_json": SCHEMA}, lambda text: jsonschema.validate(json.loads(text), SCHEMA)),
-])
+@pytest.mark.parametrize(
+    "extra,check",
+    [
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "place", "schema": SCHEMA, "strict": True},
+                }
+            },
+            lambda text: jsonschema.validate(json.loads(text), SCHEMA),
+        ),
+        ({"structured_outputs": {"choice": ["Paris", "Rome"]}}, lambda text: text in ("Paris", "Rome")),
+        ({"guided_regex": "[0-9]{2}-[a-z]{3}"}, lambda text: re.fullmatch("[0-9]{2}-[a-z]{3}", text)),
+        ({"guided_json": SCHEMA}, lambda text: jsonschema.validate(json.loads(text), SCHEMA)),
+    ],
+)
 def test_structured_outputs_hold_on_the_random_model(client, extra, check):
     for stream in (False, True):
         for seed in range(2):
-            body = {"model": MODEL, "messages": HI, "max_tokens": 40, "temperature": 1.0, "seed": seed,
-                    "stream": stream} | extra
+            body = {
+                "model": MODEL,
+                "messages": HI,
+                "max_tokens": 40,
+                "temperature": 1.0,
+                "seed": seed,
+                "stream": stream,
+            } | extra
             resp = client.post(CHAT, json=body)
             if stream:
                 events = sse_events(resp.get_data())
@@ -264,8 +360,9 @@ def test_models_tokenize_and_detokenize(client, engine):
     assert tok["tokens"] == engine.tokenizer("hello world").input_ids and tok["count"] == len(tok["tokens"])
     assert tok["max_model_len"] == engine.geometry.kv_max
     chat = client.post("/tokenize", json={"messages": HI}).get_json()
-    assert chat["tokens"] == list(engine.tokenizer.apply_chat_template(HI, add_generation_prompt=True, tokenize=True,
-                                                                       return_dict=False))
+    assert chat["tokens"] == list(
+        engine.tokenizer.apply_chat_template(HI, add_generation_prompt=True, tokenize=True, return_dict=False)
+    )
     back = client.post("/detokenize", json={"model": MODEL, "tokens": tok["tokens"][1:]}).get_json()
     assert back == {"prompt": "hello world"}
     assert_error(client.post("/tokenize", json={"prompt": "a", "messages": HI}), 400, "prompt")
@@ -281,8 +378,8 @@ def test_n_choices_take_turns_on_a_single_slot(client):
 
 
 def test_a_forced_grammar_compiles_and_refuses_a_second_constraint(engine):
-    from runtime.api.routes import ChatBody, compile_grammar
     from runtime.api.errors import APIError
+    from runtime.api.routes import ChatBody, compile_grammar
     from runtime.generate.grammar import Grammar
 
     forced = ("tool_choice", Grammar.lark('start: "call:" /[a-z]+/'))

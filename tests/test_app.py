@@ -6,10 +6,9 @@ from __future__ import annotations
 import threading
 import time
 
-from runtime.http.app import create_app
 from runtime.generate.engine import State
+from runtime.http.app import create_app
 from runtime.settings import Settings
-
 from support.artifact_copies import with_wrong_golden
 from support.http import CHAT, COMPLETIONS, HI, MODEL, assert_error, client, engine, settings, sse_events  # noqa: F401
 
@@ -51,8 +50,13 @@ def test_metrics_count_requests_by_endpoint_and_status(client):
     text = client.get("/metrics").get_data(as_text=True)
     assert 'gemma4_requests_total{endpoint="/v1/chat/completions",status="400"}' in text
     assert 'gemma4_requests_total{endpoint="/v1/completions",status="200"}' in text
-    for name in ("gemma4_queue_depth", "gemma4_busy_slots", "gemma4_time_to_first_token_seconds_count",
-                 "gemma4_token_latency_seconds_count", "gemma4_tokens_generated_total"):
+    for name in (
+        "gemma4_queue_depth",
+        "gemma4_busy_slots",
+        "gemma4_time_to_first_token_seconds_count",
+        "gemma4_token_latency_seconds_count",
+        "gemma4_tokens_generated_total",
+    ):
         assert f"\n{name}" in text
 
 
@@ -110,8 +114,9 @@ def test_liveness_fails_while_a_device_call_is_stuck(compiled, monkeypatch):
         monkeypatch.setattr("runtime.generate.engine.STUCK_AFTER_S", 0.2)
         gate, decode = threading.Event(), engine.model.runner.decode
         monkeypatch.setattr(engine.model.runner, "decode", lambda tokens: gate.wait(30) and decode(tokens))
-        stream = client.post(CHAT, json={"model": MODEL, "messages": HI, "max_tokens": 4, "stream": True},
-                             buffered=False)
+        stream = client.post(
+            CHAT, json={"model": MODEL, "messages": HI, "max_tokens": 4, "stream": True}, buffered=False
+        )
         time.sleep(0.5)
         stuck = client.get("/health")
         assert stuck.status_code == 503 and "device call" in stuck.get_json()["reason"]

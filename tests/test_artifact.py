@@ -8,7 +8,6 @@ import pytest
 
 from contract.artifact import ARTIFACT_FORMAT, ArtifactError, load_meta
 from runtime.model.loader import load_artifact
-
 from support.artifact_copies import resealed
 
 
@@ -46,7 +45,9 @@ def test_a_missing_or_broken_artifact_json_is_one_line(copy, tmp_path):
 
 def test_another_format_or_a_bad_field_is_named(copy):
     resealed(copy, lambda raw: raw.update(format=ARTIFACT_FORMAT - 1))
-    with pytest.raises(ArtifactError, match=f"artifact format {ARTIFACT_FORMAT - 1}, this runtime reads {ARTIFACT_FORMAT}"):
+    with pytest.raises(
+        ArtifactError, match=f"artifact format {ARTIFACT_FORMAT - 1}, this runtime reads {ARTIFACT_FORMAT}"
+    ):
         load_meta(copy)
     resealed(copy, lambda raw: raw.update(format=ARTIFACT_FORMAT) or raw["geometry"].update(prefill="gpu"))
     with pytest.raises(ArtifactError, match=r"artifact.json: geometry.prefill: "):
@@ -67,7 +68,7 @@ def test_a_corrupted_artifact_json_is_refused_by_name(fp32_copy):
     to the same double changes no fact, and the canonical digest rightly accepts it.)"""
     data = (fp32_copy / "artifact.json").read_bytes()
     at = data.index(b'"variant": "fp32"') + len(b'"variant": "fp3')
-    (fp32_copy / "artifact.json").write_bytes(data[:at] + b"3" + data[at + 1:])
+    (fp32_copy / "artifact.json").write_bytes(data[:at] + b"3" + data[at + 1 :])
     with pytest.raises(ArtifactError, match=r"artifact.json: digest mismatch"):
         load_artifact(fp32_copy)
     (fp32_copy / "artifact.json").write_bytes(data[: len(data) // 2])

@@ -14,17 +14,34 @@ from rich.console import Console
 import gemma4_port.bench as bench_module
 from gemma4_port.bench import Settings, in_child, run_bench, server_env
 from gemma4_port.bench.report import (
-    BATCH_STREAMS, CHUNKED_P99_GOAL, GRAMMAR_CASE, GRAMMAR_P50_GOAL_US, HOST_P50_GOAL_US, MEMORY_SLACK_MB,
-    REUSE_TTFT_GOAL, SPEEDUP_GOAL, print_report,
+    BATCH_STREAMS,
+    CHUNKED_P99_GOAL,
+    GRAMMAR_CASE,
+    GRAMMAR_P50_GOAL_US,
+    HOST_P50_GOAL_US,
+    MEMORY_SLACK_MB,
+    REUSE_TTFT_GOAL,
+    SPEEDUP_GOAL,
+    print_report,
     write,
 )
 from gemma4_port.bench.server import imported_modules
-
 from support.artifact_copies import with_backend
 
-QUICK = Settings("tiny", new_tokens=4, repeats=1, warmup_calls=1, host_steps=20, streams=(BATCH_STREAMS,),
-                 requests_per_stream=1, server_passes=2, max_tokens=4, batching_rounds=1, long_rounds=1,
-                 ready_timeout_s=300)
+QUICK = Settings(
+    "tiny",
+    new_tokens=4,
+    repeats=1,
+    warmup_calls=1,
+    host_steps=20,
+    streams=(BATCH_STREAMS,),
+    requests_per_stream=1,
+    server_passes=2,
+    max_tokens=4,
+    batching_rounds=1,
+    long_rounds=1,
+    ready_timeout_s=300,
+)
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +58,19 @@ def bench(compiled, tmp_path_factory):
 def test_json_has_every_section_and_round_trips(bench):
     result, json_path, _ = bench
     saved = json.loads(json_path.read_text())
-    assert set(saved) >= {"meta", "throughput", "host_overhead", "constrained", "batching", "concurrency",
-                          "long_context", "memory", "targets", "samples", "plot"}
+    assert set(saved) >= {
+        "meta",
+        "throughput",
+        "host_overhead",
+        "constrained",
+        "batching",
+        "concurrency",
+        "long_context",
+        "memory",
+        "targets",
+        "samples",
+        "plot",
+    }
     cases = saved["constrained"]["cases"]
     assert saved["constrained"]["vocab"] == 262_144 and cases["greedy + grammar (json_schema)"]["mask_us"]["n"] == 20
     assert set(cases) >= {"greedy step (no constraint)", "logprobs, top 0", "logprobs, top 20"}
@@ -67,8 +95,10 @@ def test_ratios_are_computed_from_the_measured_numbers(bench):
         assert tp[side]["decode_tok_s"] > 0 and tp[side]["ttft_ms"] > 0
     assert math.isclose(tp["decode_speedup"], tp["ours"]["decode_tok_s"] / tp["transformers"]["decode_tok_s"])
     assert math.isclose(tp["ttft_speedup"], tp["transformers"]["ttft_ms"] / tp["ours"]["ttft_ms"])
-    at4 = {k: next(r for r in s["levels"] if r["streams"] == BATCH_STREAMS)
-           for k, s in result["concurrency"]["servers"].items()}
+    at4 = {
+        k: next(r for r in s["levels"] if r["streams"] == BATCH_STREAMS)
+        for k, s in result["concurrency"]["servers"].items()
+    }
     assert math.isclose(result["concurrency"]["b4_over_b1_at_4_streams"], at4["b4"]["tok_s"] / at4["b1"]["tok_s"])
     for row in at4.values():
         assert math.isclose(row["tok_s"], row["tokens"] / row["wall_s"])
@@ -82,12 +112,15 @@ def test_ratios_are_computed_from_the_measured_numbers(bench):
     assert math.isclose(bat["step_ratio"], 4 * s1 / s4)
     assert math.isclose(bat["ratio_with_prefills"], (4 * n / (4 * p4 + (n - 1) * s4)) / (n / (p1 + (n - 1) * s1)))
     reuse, inter = result["long_context"]["reuse"], result["long_context"]["interleave"]
-    assert math.isclose(reuse["ttft_no_reuse_over_reuse"], reuse["no_reuse"]["ttft_ms"]["p50"] / reuse["reuse"]["ttft_ms"]["p50"])
+    assert math.isclose(
+        reuse["ttft_no_reuse_over_reuse"], reuse["no_reuse"]["ttft_ms"]["p50"] / reuse["reuse"]["ttft_ms"]["p50"]
+    )
     assert reuse["reuse"]["ttft_ms"]["n"] == reuse["no_reuse"]["ttft_ms"]["n"] == QUICK.long_rounds
     assert reuse["reused_tokens"]["no_reuse"] == 0 and reuse["reused_tokens"]["reuse"] >= reuse["shared_tokens"]
     for q in ("p50", "p99"):
-        assert math.isclose(inter[f"itl_{q}_whole_over_chunked"],
-                            inter["whole_prompt"]["itl_ms"][q] / inter["chunked"]["itl_ms"][q])
+        assert math.isclose(
+            inter[f"itl_{q}_whole_over_chunked"], inter["whole_prompt"]["itl_ms"][q] / inter["chunked"]["itl_ms"][q]
+        )
     mem = result["memory"]
     assert math.isclose(mem["budget_mb"], mem["host_tables_mb"] + mem["graph_files_mb"] + MEMORY_SLACK_MB)
 
@@ -140,8 +173,10 @@ def test_plot_and_table(bench, capsys):
 def test_on_inf2_the_two_servers_take_a_neuroncore_each(compiled, tmp_path, monkeypatch):
     """The servers the bench starts side by side get a NeuronCore each, from their artifacts' backend
     (neuron here, by artifact.json; nothing is served: the test stops where the bench waits)."""
-    folders = {label: with_backend(compiled("tiny-e2b", variant), tmp_path / label, "neuron")
-               for label, variant in (("b1", "fp32"), ("b4", "b4"))}
+    folders = {
+        label: with_backend(compiled("tiny-e2b", variant), tmp_path / label, "neuron")
+        for label, variant in (("b1", "fp32"), ("b4", "b4"))
+    }
     started = []
 
     class Recorded(bench_module.Server):
@@ -155,8 +190,10 @@ def test_on_inf2_the_two_servers_take_a_neuroncore_each(compiled, tmp_path, monk
     monkeypatch.setattr(bench_module, "Server", Recorded)
     with pytest.raises(RuntimeError, match="recorded"):
         bench_module._serve(folders, QUICK, tmp_path / "logs", Console(quiet=True))
-    assert started == [(folders["b1"], {"NEURON_RT_VISIBLE_CORES": "0"}),
-                       (folders["b4"], {"NEURON_RT_VISIBLE_CORES": "1"})]
+    assert started == [
+        (folders["b1"], {"NEURON_RT_VISIBLE_CORES": "0"}),
+        (folders["b4"], {"NEURON_RT_VISIBLE_CORES": "1"}),
+    ]
     assert server_env("cpu", 1) == {}
 
 
@@ -165,7 +202,9 @@ def test_a_measurement_in_a_child_process_returns_its_result():
 
 
 def test_import_log_parser():
-    log = ("import time: self [us] | cumulative | imported package\n"
-           "import time:       120 |        340 |   transformers.modeling_utils\n"
-           "[INFO] Booting worker with pid: 7\n")
+    log = (
+        "import time: self [us] | cumulative | imported package\n"
+        "import time:       120 |        340 |   transformers.modeling_utils\n"
+        "[INFO] Booting worker with pid: 7\n"
+    )
     assert imported_modules(log) == {"imported package", "transformers.modeling_utils"}

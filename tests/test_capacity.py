@@ -7,18 +7,28 @@ import sys
 import pytest
 
 from gemma4_port.ops.capacity import (
-    GIB, INSTANCES, PROCESS_BYTES, ModelSizes, compile_swap_gib, fixes, footprint, host_verdict, kv_max_limit,
+    GIB,
+    INSTANCES,
+    PROCESS_BYTES,
+    ModelSizes,
+    compile_swap_gib,
+    fixes,
+    footprint,
+    host_verdict,
+    kv_max_limit,
 )
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
-
 from support import MANIFESTS, ROOT
 
 XLARGE, X8LARGE = INSTANCES
 # Elements on the device (whole model at tp 1, one rank at tp 2) and in the host tables, counted from
 # Gemma4Decoder on the meta device. "E2B" and "E4B" are effective-parameter names, not device sizes.
-DEVICE = {"e2b": (2_279_759_139, 1_369_070_883), "e4b": (4_644_441_130, 2_699_332_650),
-          "12b": (11_907_350_320, 6_465_240_880)}
+DEVICE = {
+    "e2b": (2_279_759_139, 1_369_070_883),
+    "e4b": (4_644_441_130, 2_699_332_650),
+    "12b": (11_907_350_320, 6_465_240_880),
+}
 TABLES = {"e2b": 2_751_463_424, "e4b": 3_489_660_928, "12b": 1_006_632_960}
 PUBLISHED_TEXT_PARAMS = {"e2b": 4.63e9, "e4b": 7.46e9, "12b": 11.9e9}  # the model cards' text parameter counts
 
@@ -137,8 +147,18 @@ def test_the_largest_kv_max_stops_at_the_models_context():
     assert kv_max_limit(sizes, footprint(sizes, manifest.variants[0])) == "32768 context"
 
 
-@pytest.mark.parametrize("name, variant", [("e2b", "512-128"), ("e2b", "b4"), ("e2b", "tp2-48k"), ("e4b", "tp2-48k"),
-                                           ("e4b", "tp2-host"), ("e4b", "tp1-48k"), ("12b", "tp2-48k")])
+@pytest.mark.parametrize(
+    "name, variant",
+    [
+        ("e2b", "512-128"),
+        ("e2b", "b4"),
+        ("e2b", "tp2-48k"),
+        ("e4b", "tp2-48k"),
+        ("e4b", "tp2-host"),
+        ("e4b", "tp1-48k"),
+        ("12b", "tp2-48k"),
+    ],
+)
 def test_the_shipped_long_variants_take_the_largest_kv_max_that_fits(real, name, variant):
     """kv_max is what plan says the variant could take (the lint's bound comes before the core's memory
     and the model's context), and a short prompt still runs over 4,096 keys."""
@@ -178,12 +198,20 @@ def test_compile_swap(real):
 
 
 def test_plan_prints_the_tables_verdicts_and_fixes():
-    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "plan", str(MANIFESTS / "gemma-4-12b.yaml"),
-                             "--shards"], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "build.py"), "plan", str(MANIFESTS / "gemma-4-12b.yaml"), "--shards"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "gemma-4-12b: per NeuronCore" in out and "gemma-4-12b: host RAM" in out
     assert "tp2-fp32 does not fit a NeuronCore; fixes: dtype: bfloat16 ->" in " ".join(out.split())
-    core = {line.split("│")[1].strip(): line.split("│")[-2].strip() for line in out.splitlines()
-            if line.startswith("│") and "%)" in line}  # the per-core table: its last column is "fits"
+    core = {
+        line.split("│")[1].strip(): line.split("│")[-2].strip()
+        for line in out.splitlines()
+        if line.startswith("│") and "%)" in line
+    }  # the per-core table: its last column is "fits"
     assert core.pop("tp2-fp32") == "NO" and set(core.values()) == {"yes"} and "tp2-48k" in core

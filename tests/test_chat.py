@@ -8,28 +8,46 @@ import json
 
 import pytest
 
-from runtime.http.app import create_app
 from runtime.api.chat import ChatTemplateError, Message, Tool, render, template_kwargs
+from runtime.http.app import create_app
 from runtime.settings import Settings
-
 from support.engines import ready
 from support.http import openai_client
 
 CHAT = "/v1/chat/completions"
 MODEL = "tiny-e2b"
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the weather",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 8},
-                                                    "unit": {"enum": ["celsius", "fahrenheit"]},
-                                                    "days": {"type": "integer"}},
-                   "required": ["city", "unit"]}}}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 8},
+                "unit": {"enum": ["celsius", "fahrenheit"]},
+                "days": {"type": "integer"},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
 ASK = {"role": "user", "content": "Weather in Paris?"}
-CALLED = {"role": "assistant", "content": None, "tool_calls": [
-    {"id": "call_1", "type": "function",
-     "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}]}
+CALLED = {
+    "role": "assistant",
+    "content": None,
+    "tool_calls": [
+        {
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'},
+        }
+    ],
+}
 RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}
-BAD_ARGUMENTS = CALLED | {"tool_calls": [{"id": "call_1", "type": "function",
-                                          "function": {"name": "get_weather", "arguments": "{city"}}]}
+BAD_ARGUMENTS = CALLED | {
+    "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{city"}}]
+}
 
 
 @pytest.fixture(scope="module")
@@ -49,17 +67,30 @@ def oai(engine):
 
 
 def sse(resp) -> list[dict]:
-    lines = [ln[len("data: "):] for ln in resp.get_data(as_text=True).split("\n\n") if ln.startswith("data: ")]
+    lines = [ln[len("data: ") :] for ln in resp.get_data(as_text=True).split("\n\n") if ln.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     return [json.loads(ln) for ln in lines[:-1]]
 
 
 def prompt_len(engine, messages, tools=None, **kw) -> int:
     """What the template makes of the messages, decoded arguments and all, counted independently."""
-    decoded = [m | {"tool_calls": [c | {"function": c["function"] | {"arguments": json.loads(c["function"]["arguments"])}}
-                                   for c in m["tool_calls"]]} if m.get("tool_calls") else m for m in messages]
-    return len(engine.tokenizer.apply_chat_template(decoded, tools=tools, add_generation_prompt=True, tokenize=True,
-                                                    return_dict=False, **kw))
+    decoded = [
+        m
+        | {
+            "tool_calls": [
+                c | {"function": c["function"] | {"arguments": json.loads(c["function"]["arguments"])}}
+                for c in m["tool_calls"]
+            ]
+        }
+        if m.get("tool_calls")
+        else m
+        for m in messages
+    ]
+    return len(
+        engine.tokenizer.apply_chat_template(
+            decoded, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **kw
+        )
+    )
 
 
 # -- the request side, without a model --------------------------------------------------------------
@@ -86,14 +117,17 @@ def test_a_tool_result_follow_up_renders_the_calls_and_results(client, engine):
     assert resp.get_json()["usage"]["prompt_tokens"] == prompt_len(engine, messages, [WEATHER])
 
 
-@pytest.mark.parametrize("change,param", [
-    ({"messages": [ASK, BAD_ARGUMENTS, RESULT]}, "messages.1.tool_calls.0.function.arguments"),
-    ({"messages": [ASK, {"role": "tool", "content": "x"}]}, "messages.1.tool_call_id"),
-    ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-    ({"tools": [{"type": "function", "function": {"name": "get-weather"}}]}, "tools.0.function"),
-    ({"tool_choice": "sometimes"}, "tool_choice"),
-    ({"chat_template_kwargs": {"enable_thinking": 1}}, "chat_template_kwargs.enable_thinking"),
-])
+@pytest.mark.parametrize(
+    "change,param",
+    [
+        ({"messages": [ASK, BAD_ARGUMENTS, RESULT]}, "messages.1.tool_calls.0.function.arguments"),
+        ({"messages": [ASK, {"role": "tool", "content": "x"}]}, "messages.1.tool_call_id"),
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "get-weather"}}]}, "tools.0.function"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"chat_template_kwargs": {"enable_thinking": 1}}, "chat_template_kwargs.enable_thinking"),
+    ],
+)
 def test_bad_tool_requests_get_a_400_naming_the_field(client, change, param):
     body = {"model": MODEL, "messages": [ASK], "tools": [WEATHER], "max_tokens": 2} | change
     resp = client.post(CHAT, json=body)
@@ -101,8 +135,14 @@ def test_bad_tool_requests_get_a_400_naming_the_field(client, change, param):
     assert resp.get_json()["error"]["param"].startswith(param)
 
 
-THINK_AFTER_RESULT = {"model": MODEL, "messages": [ASK, CALLED, RESULT], "tools": [WEATHER], "max_tokens": 8,
-                      "temperature": 0, "chat_template_kwargs": {"enable_thinking": True}}
+THINK_AFTER_RESULT = {
+    "model": MODEL,
+    "messages": [ASK, CALLED, RESULT],
+    "tools": [WEATHER],
+    "max_tokens": 8,
+    "temperature": 0,
+    "chat_template_kwargs": {"enable_thinking": True},
+}
 
 
 def test_reasoning_is_separated_whole_and_streamed(client, engine):
@@ -137,36 +177,54 @@ def valid_weather_call(call) -> dict:
 @pytest.mark.parametrize("tool_choice", [NAMED, "required"])
 def test_a_forced_call_round_trips_with_the_openai_client(oai, engine, tool_choice):
     """call -> role: tool result -> answer, on the random model: the grammar makes the call valid."""
-    first = oai.chat.completions.create(model=MODEL, messages=[ASK], tools=[WEATHER], tool_choice=tool_choice,
-                                        max_tokens=64, temperature=0)
+    first = oai.chat.completions.create(
+        model=MODEL, messages=[ASK], tools=[WEATHER], tool_choice=tool_choice, max_tokens=64, temperature=0
+    )
     choice = first.choices[0]
     # OpenAI and vLLM: a call the model chose (required) ends with tool_calls, a named one with stop
     assert choice.finish_reason == ("stop" if tool_choice == NAMED else "tool_calls")
     assert choice.message.content is None
     [call] = choice.message.tool_calls
     valid_weather_call(call)
-    history = [ASK, choice.message.model_dump(exclude_none=True),
-               {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"}]
+    history = [
+        ASK,
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny, 21 C"},
+    ]
     second = oai.chat.completions.create(model=MODEL, messages=history, tools=[WEATHER], max_tokens=6, temperature=0)
     assert second.choices[0].finish_reason in ("stop", "length")
     assert second.usage.prompt_tokens == prompt_len(engine, history, [WEATHER])
 
 
 def test_streamed_tool_calls_assemble_in_the_openai_client(oai):
-    kw = {"model": MODEL, "messages": [ASK], "tools": [WEATHER], "tool_choice": NAMED, "max_tokens": 64,
-          "temperature": 0}
+    kw = {
+        "model": MODEL,
+        "messages": [ASK],
+        "tools": [WEATHER],
+        "tool_choice": NAMED,
+        "max_tokens": 64,
+        "temperature": 0,
+    }
     whole = oai.chat.completions.create(**kw).choices[0].message.tool_calls
     with oai.chat.completions.stream(**kw) as stream:
         final = stream.get_final_completion().choices[0]
     assert final.finish_reason == "stop"  # a named tool_choice, as vLLM streams it too
-    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == \
-        [(c.function.name, c.function.arguments) for c in whole]
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == [
+        (c.function.name, c.function.arguments) for c in whole
+    ]
     valid_weather_call(final.message.tool_calls[0])
 
 
 def test_parallel_tool_calls_false_gives_one_call(client):
-    body = {"model": MODEL, "messages": [ASK], "tools": [WEATHER], "tool_choice": "required", "max_tokens": 96,
-            "parallel_tool_calls": False, "temperature": 1.0}
+    body = {
+        "model": MODEL,
+        "messages": [ASK],
+        "tools": [WEATHER],
+        "tool_choice": "required",
+        "max_tokens": 96,
+        "parallel_tool_calls": False,
+        "temperature": 1.0,
+    }
     for seed in range(3):
         message = client.post(CHAT, json=body | {"seed": seed}).get_json()["choices"][0]["message"]
         assert len(message["tool_calls"]) == 1, message
@@ -186,5 +244,7 @@ def test_turn_end_stops_a_reply_and_special_tokens_stay_out_of_content(client, e
     assert ended["choices"][0]["message"]["content"] == ""
     pushed = body | {"logit_bias": {str(image): 100}}
     clean = client.post(CHAT, json=pushed).get_json()["choices"][0]["message"]["content"]
-    kept = client.post(CHAT, json=pushed | {"skip_special_tokens": False}).get_json()["choices"][0]["message"]["content"]
+    kept = client.post(CHAT, json=pushed | {"skip_special_tokens": False}).get_json()["choices"][0]["message"][
+        "content"
+    ]
     assert clean == "" and kept == "<|image|>" * 5

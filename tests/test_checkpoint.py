@@ -4,14 +4,17 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from contract.artifact import sha256
 from gemma4_port.source.checkpoint import (
-    MULTIMODAL_PREFIX, CheckpointError, CheckpointReader, read_text_config, resolve_checkpoint,
+    MULTIMODAL_PREFIX,
+    CheckpointError,
+    CheckpointReader,
+    read_text_config,
+    resolve_checkpoint,
     write_random_checkpoint,
 )
-from contract.artifact import sha256
 from gemma4_port.source.manifest import load_manifest
 from gemma4_port.verify.reference import load_reference, reference_greedy
-
 from support import MANIFESTS
 
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
@@ -24,8 +27,14 @@ def _ckpt(name):
 def test_random_checkpoint_has_the_hub_layout():
     folder = _ckpt("tiny-e2b")
     names = {p.name for p in folder.iterdir()}
-    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
-            "tokenizer_config.json", "chat_template.jinja"} <= names
+    assert {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "chat_template.jinja",
+    } <= names
     config = json.loads((folder / "config.json").read_text())
     assert config["model_type"] == "gemma4" and config["architectures"] == ["Gemma4ForConditionalGeneration"]
     assert config["text_config"]["num_kv_shared_layers"] == 5
@@ -84,8 +93,9 @@ def test_reader_slices_without_reading_the_rest():
     reader = CheckpointReader(_ckpt("tiny-12b"))
     full = reader.get("layers.0.mlp.gate_proj.weight")
     assert torch.equal(reader.get_slice("layers.0.mlp.gate_proj.weight", 0, 64, 128), full[64:128])
-    assert torch.equal(reader.get_slice("layers.0.mlp.down_proj.weight", 1, 0, 64),
-                       reader.get("layers.0.mlp.down_proj.weight")[:, :64])
+    assert torch.equal(
+        reader.get_slice("layers.0.mlp.down_proj.weight", 1, 0, 64), reader.get("layers.0.mlp.down_proj.weight")[:, :64]
+    )
 
 
 def test_config_errors_name_the_file(tmp_path):
@@ -101,8 +111,11 @@ def test_unified_12b_config_reads_as_a_text_config_without_ple(tmp_path):
 
     from gemma4_port.source.configs import KNOWN_TEXT_CONFIGS
 
-    shapes = {k: v for k, v in KNOWN_TEXT_CONFIGS["google/gemma-4-12B-it"].items()
-              if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")}
+    shapes = {
+        k: v
+        for k, v in KNOWN_TEXT_CONFIGS["google/gemma-4-12B-it"].items()
+        if k not in ("hidden_size_per_layer_input", "vocab_size_per_layer_input")
+    }
     Gemma4UnifiedConfig(text_config=Gemma4UnifiedTextConfig(**shapes)).save_pretrained(tmp_path)
     config = read_text_config(tmp_path)
     assert config.hidden_size_per_layer_input == 0

@@ -7,7 +7,6 @@ import argparse
 import re
 
 import build
-
 from support import ROOT
 from support.cli import build_py
 
@@ -22,17 +21,27 @@ def arguments(command: argparse.ArgumentParser) -> list[argparse.Action]:
 
 
 def test_every_argument_and_option_has_help():
-    missing = [f"{name} {a.option_strings or a.dest}" for name, command in commands().items()
-               for a in arguments(command) if not a.help or a.help == argparse.SUPPRESS]
+    missing = [
+        f"{name} {a.option_strings or a.dest}"
+        for name, command in commands().items()
+        for a in arguments(command)
+        if not a.help or a.help == argparse.SUPPRESS
+    ]
     assert not missing, missing
 
 
 def test_the_readme_command_table_lists_every_option():
-    rows = {m[1]: m[2] for m in re.finditer(r"^\| `python build\.py (\w+)(.*?)` \|", (ROOT / "README.md").read_text(),
-                                             re.M)}
+    rows = {
+        m[1]: m[2] for m in re.finditer(r"^\| `python build\.py (\w+)(.*?)` \|", (ROOT / "README.md").read_text(), re.M)
+    }
     assert set(rows) == set(commands()), sorted(rows)
-    missing = [f"{name} {opt}" for name, command in commands().items() for a in arguments(command)
-               for opt in a.option_strings if opt.startswith("--") and opt not in rows[name]]
+    missing = [
+        f"{name} {opt}"
+        for name, command in commands().items()
+        for a in arguments(command)
+        for opt in a.option_strings
+        if opt.startswith("--") and opt not in rows[name]
+    ]
     assert not missing, missing
 
 
@@ -56,7 +65,10 @@ def test_every_error_the_project_defines_derives_from_the_one_base():
     defined = []
     for name in project_modules():
         module = importlib.import_module(name)
-        defined += [cls for _, cls in inspect.getmembers(module, inspect.isclass)
-                    if issubclass(cls, Exception) and cls.__module__ == name]
+        defined += [
+            cls
+            for _, cls in inspect.getmembers(module, inspect.isclass)
+            if issubclass(cls, Exception) and cls.__module__ == name
+        ]
     assert len(defined) > 15  # the walk reached them
     assert [c.__qualname__ for c in defined if not issubclass(c, Gemma4Error)] == []

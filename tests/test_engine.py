@@ -11,14 +11,20 @@ import torch
 
 from contract.artifact import load_meta
 from runtime.generate.engine import (
-    DoesNotFit, Engine, Failed, Finished, Job, NotReady, QueueFull, State, token_budget,
+    DoesNotFit,
+    Engine,
+    Failed,
+    Finished,
+    Job,
+    NotReady,
+    QueueFull,
+    State,
+    token_budget,
 )
 from runtime.generate.sampling import SamplingParams
 from runtime.settings import Settings
-
 from support.artifact_copies import with_eos, with_golden_step, with_wrong_golden
 from support.engines import ready, running
-
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = ("The capital of France is", "hello world", "Inferentia2 has two NeuronCores", "def fibonacci(n):")
@@ -66,7 +72,10 @@ def test_greedy_output_is_the_golden_reference_continuation(b4):
         cut = next((i for i, t in enumerate(expected) if t in eos), None)
         assert text == tok.decode(expected[:cut], skip_special_tokens=True)
         assert done.reason == ("length" if cut is None else "stop")
-        assert (done.prompt_tokens, done.completion_tokens) == (len(golden.ids), len(expected) if cut is None else cut + 1)
+        assert (done.prompt_tokens, done.completion_tokens) == (
+            len(golden.ids),
+            len(expected) if cut is None else cut + 1,
+        )
 
 
 def test_same_prompt_alone_after_others_and_beside_others(b4):
@@ -164,8 +173,11 @@ def test_token_budget_never_truncates(b4):
     assert token_budget(geo, 10, None, default=16) == 16
     assert token_budget(geo, 32, None, default=100) == 32
     assert token_budget(geo, 63, None) == 1  # longer than every bucket: prefilled in chunks
-    with pytest.raises(DoesNotFit, match=r"64 tokens; the context of this model is 64 tokens, so a prompt may have "
-                                         r"at most 63"):
+    with pytest.raises(
+        DoesNotFit,
+        match=r"64 tokens; the context of this model is 64 tokens, so a prompt may have "
+        r"at most 63",
+    ):
         token_budget(geo, 64, 1)
     with pytest.raises(DoesNotFit, match=r"prompt \(10 tokens\) \+ max_tokens \(55\) = 65 exceeds the context of 64"):
         token_budget(geo, 10, 55)
@@ -185,8 +197,8 @@ def planted_near_tie(src, dst):
     """A copy whose stored reference calls the device's own runner-up best, by 0.0005, at the golden
     step where the device's top two are closest: what a bf16 build meets by luck on a near-tie,
     which compile cannot see without a device."""
-    from runtime.model.loader import load_artifact
     from contract.greedy import softcap
+    from runtime.model.loader import load_artifact
 
     model = load_artifact(src)
     golden, geo = model.meta.golden[0], model.meta.geometry
@@ -230,15 +242,18 @@ def test_backend_mismatch_fails_with_the_variable_named(compiled):
 
 # -- long prompts: chunks between decode steps, the slot states, prefix reuse --------------------
 
+
 def _calls(engine: Engine):
     """Record every graph call of the engine's backend as (graph, slot states at the call)."""
     runner, seen = engine.model.runner, []
 
     def recorded(graph, call):
         def run(*args):
-            seen.append((graph, [s.state.value + (f" chunk {s.chunk}" if s.chunk < len(s.plan) else "")
-                                 for s in runner.slots]))
+            seen.append(
+                (graph, [s.state.value + (f" chunk {s.chunk}" if s.chunk < len(s.plan) else "") for s in runner.slots])
+            )
             return call(*args)
+
         return run
 
     return seen, recorded
@@ -299,7 +314,7 @@ def test_whole_prompt_prefill_runs_every_chunk_before_the_next_decode(compiled):
         collect(stream)
     graphs = [graph for graph, _ in seen]
     first = graphs.index("prefill", graphs.index("decode"))
-    assert graphs[first:first + 2] == ["prefill", "prefill"]  # both chunks at once: the stream waited
+    assert graphs[first : first + 2] == ["prefill", "prefill"]  # both chunks at once: the stream waited
 
 
 def test_a_finished_request_leaves_its_slot_retained_and_a_shared_prefix_is_reused(b4, recorder):
@@ -383,7 +398,9 @@ def test_a_request_behind_choices_waiting_for_their_prompt_takes_a_free_slot_mea
     backend = b4.model.runner.backend
     gate, prefill, copies = threading.Event(), backend.prefill, []
     monkeypatch.setattr(backend, "prefill", lambda *args: (gate.wait(30), prefill(*args))[1])
-    monkeypatch.setattr(backend, "copy", lambda keys, inputs, copy=backend.copy: (copies.append(keys), copy(keys, inputs))[1])
+    monkeypatch.setattr(
+        backend, "copy", lambda keys, inputs, copy=backend.copy: (copies.append(keys), copy(keys, inputs))[1]
+    )
     ids, other = _random(40, 12), _random(12, 13)  # 40 tokens: chunks of 32 and 8 (buckets 16, 32)
     forks, _ = _forks(b4)
     calls = len(recorder)
@@ -392,8 +409,10 @@ def test_a_request_behind_choices_waiting_for_their_prompt_takes_a_free_slot_mea
     gate.set()
     assert _choices(job, 3) == [_reference(b4, ids, 6)] * 3 and collect(behind)[0] == _reference(b4, other, 6)
     prefills = [states for graph, states in recorder[calls:] if graph == "prefill"]
-    assert len(prefills) == 3 and max(states.count("prefilling chunk 0") + states.count("prefilling chunk 1")
-                                      for states in prefills) == 2
+    assert (
+        len(prefills) == 3
+        and max(states.count("prefilling chunk 0") + states.count("prefilling chunk 1") for states in prefills) == 2
+    )
     assert _forks(b4)[0] == forks + 2 and copies == [64, 64]  # 40 positions: the copy over 64 keys
 
 

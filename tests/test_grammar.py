@@ -32,7 +32,9 @@ def grammars(tokenizer):
 def random_schema(rng: random.Random, depth: int = 0) -> dict:
     """One of a fixed family of JSON schemas whose every instance is short: bounded strings, ranges,
     enums, small arrays, nested objects with all properties required (as OpenAI's strict mode wants)."""
-    kinds = ["string", "integer", "number", "boolean", "enum", "null", "pattern"] + (["array", "object"] if depth < 2 else [])
+    kinds = ["string", "integer", "number", "boolean", "enum", "null", "pattern"] + (
+        ["array", "object"] if depth < 2 else []
+    )
     kind = rng.choice(kinds)
     if kind == "string":
         return {"type": "string", "minLength": rng.randint(0, 2), "maxLength": rng.randint(3, 8)}
@@ -42,19 +44,27 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
     if kind == "number":
         return {"type": "number", "minimum": -10, "maximum": 10}
     if kind == "enum":
-        return {"enum": rng.sample(["red", "green", "blue", "a \"quoted\" one", "{brace}", 7, None, True], rng.randint(1, 4))}
+        return {
+            "enum": rng.sample(["red", "green", "blue", 'a "quoted" one', "{brace}", 7, None, True], rng.randint(1, 4))
+        }
     if kind == "pattern":
         return {"type": "string", "pattern": rng.choice(["^[0-9]{3}-[0-9]{2}$", "^[a-z]{2,4}$", "^(yes|no)$"])}
     if kind == "array":
-        return {"type": "array", "items": random_schema(rng, depth + 1), "minItems": rng.randint(0, 1),
-                "maxItems": rng.randint(1, 3)}
+        return {
+            "type": "array",
+            "items": random_schema(rng, depth + 1),
+            "minItems": rng.randint(0, 1),
+            "maxItems": rng.randint(1, 3),
+        }
     if kind == "object":
         props = {f"k{i}_{rng.choice('abc')}": random_schema(rng, depth + 1) for i in range(rng.randint(1, 4))}
         return {"type": "object", "properties": props, "required": list(props), "additionalProperties": False}
     return {"type": kind}
 
 
-def random_model_output(grammars: Grammars, tokenizer, grammar: Grammar, seed: int, steps: int = 300) -> tuple[str, bool]:
+def random_model_output(
+    grammars: Grammars, tokenizer, grammar: Grammar, seed: int, steps: int = 300
+) -> tuple[str, bool]:
     """What a random-weight model emits under the grammar: seeded logits, masked, sampled at
     temperature 1; (text, ended on an end-of-generation id)."""
     rng = np.random.default_rng(seed)
@@ -72,8 +82,15 @@ def random_model_output(grammars: Grammars, tokenizer, grammar: Grammar, seed: i
 
 def test_random_schemas_always_validate(grammars, tokenizer):
     rng = random.Random(1234)
-    schemas = [{"type": "object", "properties": (p := {f"f{i}": random_schema(rng) for i in range(rng.randint(1, 4))}),
-                "required": list(p), "additionalProperties": False} for _ in range(40)]
+    schemas = [
+        {
+            "type": "object",
+            "properties": (p := {f"f{i}": random_schema(rng) for i in range(rng.randint(1, 4))}),
+            "required": list(p),
+            "additionalProperties": False,
+        }
+        for _ in range(40)
+    ]
     for i, schema in enumerate(schemas):
         text, ended = random_model_output(grammars, tokenizer, Grammar.json_schema(schema), seed=i)
         assert ended, (schema, text)
@@ -118,11 +135,14 @@ def test_lark_reaches_special_tokens_and_forks(grammars, tokenizer):
         twin.accept(end)
 
 
-@pytest.mark.parametrize("grammar,match", [
-    (Grammar.lark("start: nope"), "unknown name"),
-    (Grammar.json_schema({"type": "wat"}), "wat"),
-    (Grammar.regex("(unclosed"), "unclosed group"),
-])
+@pytest.mark.parametrize(
+    "grammar,match",
+    [
+        (Grammar.lark("start: nope"), "unknown name"),
+        (Grammar.json_schema({"type": "wat"}), "wat"),
+        (Grammar.regex("(unclosed"), "unclosed group"),
+    ],
+)
 def test_a_bad_grammar_is_one_error(grammars, grammar, match):
     with pytest.raises(GrammarError, match=match) as info:
         grammars.compile(grammar)

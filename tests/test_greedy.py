@@ -11,7 +11,6 @@ import torch
 from contract.greedy import argmax, softcap
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from runtime.model.loader import load_artifact
-
 from support.rows import peaky
 
 CAP = 30.0

@@ -17,27 +17,42 @@ OUTPUT_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def server(compiled, tmp_path_factory):
-    with Server(compiled("tiny-e2b", "b4"), tmp_path_factory.mktemp("guidellm-server"), ready_timeout_s=300,
-                env={"OMP_NUM_THREADS": "1", "GEMMA4_QUEUE_MAX": "8"}) as s:
+    with Server(
+        compiled("tiny-e2b", "b4"),
+        tmp_path_factory.mktemp("guidellm-server"),
+        ready_timeout_s=300,
+        env={"OMP_NUM_THREADS": "1", "GEMMA4_QUEUE_MAX": "8"},
+    ) as s:
         yield s
 
 
 def guidellm(server: Server, profile: str, requests: int, out) -> dict:
-    cmd = ["bash", str(ROOT / "scripts/guidellm.sh"), "run",
-           "--backend", f"kind=openai_http,target={server.url}",
-           "--profile", profile,
-           "--constraint", f"kind=max_requests,count={requests}",
-           "--data", f"kind=synthetic_text,prompt_tokens=12,output_tokens={OUTPUT_TOKENS}",
-           "--tokenizer", f"kind=huggingface_auto,model={server.folder / 'tokenizer'}",
-           "--output", f"kind=json,path={out}",
-           "--disable-console-interactive"]
+    cmd = [
+        "bash",
+        str(ROOT / "scripts/guidellm.sh"),
+        "run",
+        "--backend",
+        f"kind=openai_http,target={server.url}",
+        "--profile",
+        profile,
+        "--constraint",
+        f"kind=max_requests,count={requests}",
+        "--data",
+        f"kind=synthetic_text,prompt_tokens=12,output_tokens={OUTPUT_TOKENS}",
+        "--tokenizer",
+        f"kind=huggingface_auto,model={server.folder / 'tokenizer'}",
+        "--output",
+        f"kind=json,path={out}",
+        "--disable-console-interactive",
+    ]
     result = subprocess.run(cmd, cwd=out.parent, capture_output=True, text=True, timeout=1500)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads(out.read_text())["benchmarks"][0]["metrics"]
 
 
-@pytest.mark.parametrize("profile,requests", [("kind=synchronous", 4), ("kind=concurrent,streams=4", 8)],
-                         ids=["synchronous", "concurrent-4"])
+@pytest.mark.parametrize(
+    "profile,requests", [("kind=synchronous", 4), ("kind=concurrent,streams=4", 8)], ids=["synchronous", "concurrent-4"]
+)
 def test_guidellm_streams_without_a_failed_request(server, tmp_path, profile, requests):
     metrics = guidellm(server, profile, requests, tmp_path / "benchmarks.json")
     totals = metrics["request_totals"]

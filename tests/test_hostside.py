@@ -5,7 +5,6 @@ import pytest
 import torch
 
 from gemma4_port.compile.tracing import example_inputs
-
 from support.builds import setup
 
 
@@ -68,8 +67,8 @@ def test_decode_inputs_are_the_rows_of_their_definition():
             inv = torch.tensor(geo.rope[kind].inv_freq)
             angles = torch.cat((p * inv, p * inv))
             d = geo.rope[kind].head_dim
-            assert torch.equal(rope[slot, 0, start:start + d], angles.cos().to(host.dtype))
-            assert torch.equal(rope[slot, 0, start + d:start + 2 * d], angles.sin().to(host.dtype))
+            assert torch.equal(rope[slot, 0, start : start + d], angles.cos().to(host.dtype))
+            assert torch.equal(rope[slot, 0, start + d : start + 2 * d], angles.sin().to(host.dtype))
             start += 2 * d
     for kind in geo.kinds:
         rows = named[f"rows_{kind}"]

@@ -25,26 +25,35 @@ def chunked(*parts: bytes, sizes: list[bytes] | None = None) -> bytes:
     return b"".join(s + b"\r\n" + p + b"\r\n" for s, p in zip(sizes, parts)) + b"0\r\n\r\n"
 
 
-@pytest.mark.parametrize("raw, verdict", [
-    (HEAD, None),  # the head has not ended
-    (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", READY),
-    (HEAD + b"Content-Length: 10\r\n\r\n12345", None),
-    (HEAD + b"Content-Length: 10\r\n\r\n1234567890", READY),
-    (HEAD + b"Content-Length: 99999999\r\n\r\n", READY),  # refused by the app before a byte is read
-    (HEAD + b"Content-Length: 10\r\nExpect: 100-continue\r\n\r\n", READY),  # the client waits for us
-    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(b"hello", b"world"), READY),
-    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(b"hello")[:-2], None),  # no final empty line yet
-    (HEAD + b"Transfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n", READY),
-    (b"GET / HTTP/1.1\r\nX: " + b"a" * (MAX_HEAD_BYTES + 1), READY),  # gunicorn's parser names the limit
-])
+@pytest.mark.parametrize(
+    "raw, verdict",
+    [
+        (HEAD, None),  # the head has not ended
+        (b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", READY),
+        (HEAD + b"Content-Length: 10\r\n\r\n12345", None),
+        (HEAD + b"Content-Length: 10\r\n\r\n1234567890", READY),
+        (HEAD + b"Content-Length: 99999999\r\n\r\n", READY),  # refused by the app before a byte is read
+        (HEAD + b"Content-Length: 10\r\nExpect: 100-continue\r\n\r\n", READY),  # the client waits for us
+        (HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(b"hello", b"world"), READY),
+        (HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(b"hello")[:-2], None),  # no final empty line yet
+        (HEAD + b"Transfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n0\r\nX-Trailer: 1\r\n\r\n", READY),
+        (b"GET / HTTP/1.1\r\nX: " + b"a" * (MAX_HEAD_BYTES + 1), READY),  # gunicorn's parser names the limit
+    ],
+)
 def test_framing_waits_for_the_whole_request(raw, verdict):
     assert framing(raw, LIMIT) == verdict
 
 
-@pytest.mark.parametrize("sizes, status", [
-    ([b"zz"], 400), ([b"-5"], 400), ([b""], 400), ([b"0x5"], 400),
-    ([b"ffffffffffff"], 413),  # a huge size is refused from its size line, not waited for
-])
+@pytest.mark.parametrize(
+    "sizes, status",
+    [
+        ([b"zz"], 400),
+        ([b"-5"], 400),
+        ([b""], 400),
+        ([b"0x5"], 400),
+        ([b"ffffffffffff"], 413),  # a huge size is refused from its size line, not waited for
+    ],
+)
 def test_framing_refuses_broken_or_oversized_chunks_at_once(sizes, status):
     raw = HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + b"".join(s + b"\r\n" for s in sizes)
     assert framing(raw, LIMIT)[0] == status
@@ -79,8 +88,14 @@ def exchange(server, raw: bytes, timeout: float = 10.0) -> tuple[int, dict, floa
             data = data.removeprefix(b"HTTP/1.1 100 Continue\r\n\r\n")
             if b"\r\n\r\n" in data:
                 head, _, body = data.partition(b"\r\n\r\n")
-                length = next((int(line.split(b":")[1]) for line in head.split(b"\r\n")
-                               if line.lower().startswith(b"content-length:")), None)
+                length = next(
+                    (
+                        int(line.split(b":")[1])
+                        for line in head.split(b"\r\n")
+                        if line.lower().startswith(b"content-length:")
+                    ),
+                    None,
+                )
                 if length is not None and len(body) >= length:
                     break
     head, _, body = data.partition(b"\r\n\r\n")
@@ -133,23 +148,29 @@ def test_connection_close_clients_that_never_close_do_not_stall_the_server(serve
     assert elapsed < 3.0, f"5 lingering closes took {elapsed:.1f} s"
 
 
-@pytest.mark.parametrize("body, status", [
-    (b"zz\r\nhello\r\n0\r\n\r\n", 400),
-    (b"-5\r\nhello\r\n0\r\n\r\n", 400),
-    (b"ffffffffffffff\r\n", 413),  # the client would go on sending: answered from the size line
-    (b"%x\r\n" % (3 * LIMIT) + b" " * 1000, 413),
-])
+@pytest.mark.parametrize(
+    "body, status",
+    [
+        (b"zz\r\nhello\r\n0\r\n\r\n", 400),
+        (b"-5\r\nhello\r\n0\r\n\r\n", 400),
+        (b"ffffffffffffff\r\n", 413),  # the client would go on sending: answered from the size line
+        (b"%x\r\n" % (3 * LIMIT) + b" " * 1000, 413),
+    ],
+)
 def test_malformed_or_oversized_chunked_bodies_are_refused_at_once(server, body, status):
     got, error, seconds = exchange(server, HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + body)
     assert got == status and error["error"]["message"]
     assert seconds < 2.0
 
 
-@pytest.mark.parametrize("body, status", [
-    (b"zz\r\nhello\r\n0\r\n\r\n", 400),
-    (b"-5\r\nhello\r\n0\r\n\r\n", 400),
-    (b"%x\r\n" % (LIMIT + 10) + b" " * (LIMIT + 10) + b"\r\n0\r\n\r\n", 413),
-])
+@pytest.mark.parametrize(
+    "body, status",
+    [
+        (b"zz\r\nhello\r\n0\r\n\r\n", 400),
+        (b"-5\r\nhello\r\n0\r\n\r\n", 400),
+        (b"%x\r\n" % (LIMIT + 10) + b" " * (LIMIT + 10) + b"\r\n0\r\n\r\n", 413),
+    ],
+)
 def test_a_body_read_by_the_app_after_100_continue_gets_its_4xx_too(server, body, status):
     """`Expect: 100-continue` bodies are not read ahead (the client waits for the 100 first)."""
     got, error, seconds = exchange(server, HEAD + b"Transfer-Encoding: chunked\r\nExpect: 100-continue\r\n\r\n" + body)
@@ -158,24 +179,30 @@ def test_a_body_read_by_the_app_after_100_continue_gets_its_4xx_too(server, body
 
 def test_a_padded_chunked_body_over_the_limit_is_a_413_not_cut(server):
     padded = request_body(server)[:-1] + b"," + b" " * (3 * LIMIT) + b'"x": 1}'
-    parts = [padded[i:i + 8192] for i in range(0, len(padded), 8192)]
+    parts = [padded[i : i + 8192] for i in range(0, len(padded), 8192)]
     status, error, _ = exchange(server, HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunked(*parts))
     assert status == 413 and error["error"]["code"] == "request_entity_too_large"
 
 
 def test_a_well_formed_chunked_body_is_served(server):
     body = request_body(server)
-    status, answer, _ = exchange(server, HEAD + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n"
-                                 + chunked(body[:10], body[10:]), timeout=60)
+    status, answer, _ = exchange(
+        server,
+        HEAD + b"Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" + chunked(body[:10], body[10:]),
+        timeout=60,
+    )
     assert status == 200 and answer["choices"][0]["text"] is not None
 
 
-@pytest.mark.parametrize("raw, status", [
-    (b"GARBAGE\r\n\r\n", 400),
-    (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
-    (b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(120)) + b"\r\n", 431),
-    (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\nContent-Length: 2\r\n\r\n{}", 417),
-])
+@pytest.mark.parametrize(
+    "raw, status",
+    [
+        (b"GARBAGE\r\n\r\n", 400),
+        (b"GET /" + b"a" * 9000 + b" HTTP/1.1\r\nHost: x\r\n\r\n", 414),
+        (b"GET /health HTTP/1.1\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(120)) + b"\r\n", 431),
+        (b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 200-ok\r\nContent-Length: 2\r\n\r\n{}", 417),
+    ],
+)
 def test_gunicorns_own_errors_are_openai_json(server, raw, status):
     got, error, _ = exchange(server, raw)
     assert got == status and set(error["error"]) == {"message", "type", "param", "code"}
@@ -192,8 +219,14 @@ def test_sigterm_drains_new_requests_get_503_in_flight_ones_finish(server):
     waited in the backlog until the exit and were reset, and /ready could not answer."""
     # The whole context, never ended early by an end token: three such streams one after another
     # outlast the drain's checks by far (a shorter greedy reply could end them all within 0.1 s).
-    body = {"model": server.model, "prompt": [2], "max_tokens": 62, "ignore_eos": True, "temperature": 0,
-            "stream": True}
+    body = {
+        "model": server.model,
+        "prompt": [2],
+        "max_tokens": 62,
+        "ignore_eos": True,
+        "temperature": 0,
+        "stream": True,
+    }
     results: list = []
     first = threading.Event()
 

@@ -12,25 +12,37 @@ from pathlib import Path
 import pytest
 
 from gemma4_port.images.plan import (
-    ImageError, ImageOptions, pin_base, plan_images, render_dockerfile, served_variant,
+    ImageError,
+    ImageOptions,
+    pin_base,
+    plan_images,
+    render_dockerfile,
+    served_variant,
 )
 from gemma4_port.source.manifest import load_manifest
-
 from support import MANIFESTS, ROOT
 
 GOLDEN = Path(__file__).parent / "golden" / "images"
 # Everything that varies between runs is pinned here, so the Dockerfiles are byte-for-byte stable.
 FIXED = dict(
-    requirements=("flask==3.1.3", "gunicorn==27.0.1", "pydantic==2.14.4"), cpu_torch="2.13.0+cpu",
-    source="https://example.invalid/gemma4-inf2", version="0.1.0", revision="0" * 40, created="2026-01-01T00:00:00Z",
+    requirements=("flask==3.1.3", "gunicorn==27.0.1", "pydantic==2.14.4"),
+    cpu_torch="2.13.0+cpu",
+    source="https://example.invalid/gemma4-inf2",
+    version="0.1.0",
+    revision="0" * 40,
+    created="2026-01-01T00:00:00Z",
 )
 BASE_DIGEST = "sha256:" + "ab" * 32
 CASES = {  # golden name -> (manifest, options)
     "tiny-e2b-cpu": ("tiny-e2b", ImageOptions(flavour="cpu", registry="127.0.0.1:5000", **FIXED)),
-    "gemma-4-e2b-neuron": ("gemma-4-e2b", ImageOptions(
-        flavour="neuron", compile_swap_gib={"512-128": 0, "tp2-48k": 0}, **FIXED)),
-    "gemma-4-12b-neuron-copy": ("gemma-4-12b", ImageOptions(
-        flavour="neuron", weights="copy", compile_swap_gib={"tp2-48k": 221}, **FIXED)),
+    "gemma-4-e2b-neuron": (
+        "gemma-4-e2b",
+        ImageOptions(flavour="neuron", compile_swap_gib={"512-128": 0, "tp2-48k": 0}, **FIXED),
+    ),
+    "gemma-4-12b-neuron-copy": (
+        "gemma-4-12b",
+        ImageOptions(flavour="neuron", weights="copy", compile_swap_gib={"tp2-48k": 221}, **FIXED),
+    ),
 }
 
 
@@ -73,7 +85,9 @@ def test_slim_is_from_the_base_by_digest_and_adds_only_the_server():
     assert dict(slim.context) == {"server/runtime/serve.py": "code:runtime/serve.py"}  # no artifact, no wheel, no tool
     text = render_dockerfile(pinned)
     assert [ln.split()[0] for ln in text.splitlines() if ln.split() and ln.split()[0] in ("COPY", "RUN")] == [
-        "RUN", "COPY"]  # the user, then the server: two thin layers
+        "RUN",
+        "COPY",
+    ]  # the user, then the server: two thin layers
 
 
 def test_env_is_baked_from_the_manifest():
@@ -107,8 +121,14 @@ def test_the_base_carries_the_build_tools_and_the_load_path_not_the_server():
     from gemma4_port.images.assemble import project_files
 
     base, server = map(set, project_files())
-    assert {"build.py", "gemma4_port/compile.py", "gemma4_port/verify.py", "contract/artifact.py",
-            "runtime/model/loader.py", "runtime/__init__.py"} <= base
+    assert {
+        "build.py",
+        "gemma4_port/compile.py",
+        "gemma4_port/verify.py",
+        "contract/artifact.py",
+        "runtime/model/loader.py",
+        "runtime/__init__.py",
+    } <= base
     assert not base & {"runtime/serve.py", "runtime/app.py", "runtime/engine.py"}
     assert {"contract/artifact.py", "runtime/serve.py", "runtime/app.py", "runtime/model/loader.py"} <= server
     assert not any("__pycache__" in f or f.startswith("gemma4_port/") for f in base & server)
@@ -116,8 +136,14 @@ def test_the_base_carries_the_build_tools_and_the_load_path_not_the_server():
 
 def test_dry_run_prints_neuron_dockerfiles_without_a_daemon():
     env = {**os.environ, "DOCKER_HOST": "unix:///nonexistent/docker.sock"}
-    run = subprocess.run([sys.executable, "build.py", "images", "gemma4_port/manifests/gemma-4-e2b.yaml", "--dry-run"],
-                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [sys.executable, "build.py", "images", "gemma4_port/manifests/gemma-4-e2b.yaml", "--dry-run"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     assert "FROM ubuntu:22.04 AS toolchain" in run.stdout and "aws-neuronx-runtime-lib" in run.stdout
     assert '"neuronx-cc==2.23.6484.0" "torch-neuronx==2.8.0.2.12.22436" "neuronx-distributed==0.17.26814"' in run.stdout
@@ -131,10 +157,16 @@ def test_kubernetes_manifests_fit_the_slim_image():
     from gemma4_port.images.plan import SERVER_PORT, SERVER_UID
 
     k8s = ROOT / "deploy" / "k8s"
-    docs = {d["kind"]: d for f in ("deployment.yaml", "service.yaml", "hpa.yaml") for d in yaml.safe_load_all(
-        (k8s / f).read_text())}
+    docs = {
+        d["kind"]: d
+        for f in ("deployment.yaml", "service.yaml", "hpa.yaml")
+        for d in yaml.safe_load_all((k8s / f).read_text())
+    }
     assert set(yaml.safe_load((k8s / "kustomization.yaml").read_text())["resources"]) == {
-        "deployment.yaml", "service.yaml", "hpa.yaml"}
+        "deployment.yaml",
+        "service.yaml",
+        "hpa.yaml",
+    }
     pod = docs["Deployment"]["spec"]["template"]
     (server,) = pod["spec"]["containers"]
     assert server["ports"][0]["containerPort"] == SERVER_PORT

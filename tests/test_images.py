@@ -24,12 +24,30 @@ def hadolint() -> str:
     return found
 
 
-@pytest.mark.parametrize("manifest, kinds", [
-    ("gemma-4-e2b", {"base", "slim", "tp2-slim"}), ("gemma-4-12b", {"base", "tp2-slim"}), ("tiny-e2b", {"base", "slim"}),
-])
+@pytest.mark.parametrize(
+    "manifest, kinds",
+    [
+        ("gemma-4-e2b", {"base", "slim", "tp2-slim"}),
+        ("gemma-4-12b", {"base", "tp2-slim"}),
+        ("tiny-e2b", {"base", "slim"}),
+    ],
+)
 def test_dry_run_writes_dockerfiles_that_hadolint_passes(tmp_path, manifest, kinds):
-    run = subprocess.run([sys.executable, "build.py", "images", f"gemma4_port/manifests/{manifest}.yaml", "--dry-run", "--out",
-                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "build.py",
+            "images",
+            f"gemma4_port/manifests/{manifest}.yaml",
+            "--dry-run",
+            "--out",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr
     files = sorted(tmp_path.glob("*.Dockerfile"))
     assert {f.name.removesuffix(".Dockerfile") for f in files} == kinds
@@ -41,15 +59,22 @@ def test_dry_run_writes_dockerfiles_that_hadolint_passes(tmp_path, manifest, kin
 def test_hadolint_does_flag_an_unpinned_package(tmp_path):
     """The check above can fail: the neuron base as it was (unpinned apt, a pipe without pipefail)."""
     bad = tmp_path / "old.Dockerfile"
-    bad.write_text("FROM ubuntu:22.04\nRUN apt-get update && apt-get install -y --no-install-recommends curl \\\n"
-                   " && curl -fsSL https://example.invalid/key | cat > /key && rm -rf /var/lib/apt/lists/*\n")
+    bad.write_text(
+        "FROM ubuntu:22.04\nRUN apt-get update && apt-get install -y --no-install-recommends curl \\\n"
+        " && curl -fsSL https://example.invalid/key | cat > /key && rm -rf /var/lib/apt/lists/*\n"
+    )
     lint = subprocess.run([hadolint(), "--no-color", str(bad)], capture_output=True, text=True)
     assert lint.returncode != 0 and "DL3008" in lint.stdout and "DL4006" in lint.stdout
 
 
 def test_out_without_dry_run_is_refused_in_one_line(tmp_path):
-    run = subprocess.run([sys.executable, "build.py", "images", "gemma4_port/manifests/tiny-e2b.yaml", "--out", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "build.py", "images", "gemma4_port/manifests/tiny-e2b.yaml", "--out", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert run.returncode == 2 and run.stderr.startswith("error: --out writes") and run.stderr.count("\n") == 1
 
 

@@ -28,19 +28,24 @@ MANIFEST_TYPES = "application/vnd.docker.distribution.manifest.v2+json, applicat
 
 
 def images_cli(cwd: Path, *args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "build.py"), "images", str(MANIFEST), *args], cwd=cwd,
-                          env={**os.environ, **(env or {})}, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "build.py"), "images", str(MANIFEST), *args],
+        cwd=cwd,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def registry_manifest(reg, tag: str) -> dict:
-    r = requests.get(f"http://{reg.address}/v2/{REPO}/manifests/{tag}", headers={"Accept": MANIFEST_TYPES},
-                     timeout=10)
+    r = requests.get(f"http://{reg.address}/v2/{REPO}/manifests/{tag}", headers={"Accept": MANIFEST_TYPES}, timeout=10)
     r.raise_for_status()
     return r.json()
 
 
 @pytest.fixture(scope="module")
-def pushed(docker_engine, registry, compiled, tmp_path_factory):  # noqa: F811
+def pushed(docker_engine, registry, compiled, tmp_path_factory):
     """Base pushed alone, then base + slim; the registry's stored bytes measured around each push."""
     work = tmp_path_factory.mktemp("images")
     # build.py images reuses artifacts/NAME-VARIANT in its working directory: the session's compile.
@@ -51,16 +56,21 @@ def pushed(docker_engine, registry, compiled, tmp_path_factory):  # noqa: F811
     after_base = registry.stored_bytes()
     second = images_cli(work, "--registry", registry.address, "--push")
     assert second.returncode == 0, second.stderr[-3000:]
-    return {"work": work, "base_bytes": after_base - before, "slim_bytes": registry.stored_bytes() - after_base,
-            "first": first, "second": second}
+    return {
+        "work": work,
+        "base_bytes": after_base - before,
+        "slim_bytes": registry.stored_bytes() - after_base,
+        "first": first,
+        "second": second,
+    }
 
 
-def test_every_base_layer_is_a_slim_layer_and_the_slim_push_is_thin(pushed, registry):  # noqa: F811
+def test_every_base_layer_is_a_slim_layer_and_the_slim_push_is_thin(pushed, registry):
     base, slim = registry_manifest(registry, "latest"), registry_manifest(registry, "slim")
     base_layers = [layer["digest"] for layer in base["layers"]]
     slim_layers = [layer["digest"] for layer in slim["layers"]]
     assert slim_layers[: len(base_layers)] == base_layers  # same digests, same order: FROM the base
-    own = slim["layers"][len(base_layers):]
+    own = slim["layers"][len(base_layers) :]
     assert 1 <= len(own) <= 2 and sum(layer["size"] for layer in own) < 1_000_000  # user + server code
     assert pushed["base_bytes"] > 100_000_000  # venv + artifact + code
     # The second push re-sent the base's new config (its `created` label) and the slim's thin layers only.
@@ -70,7 +80,7 @@ def test_every_base_layer_is_a_slim_layer_and_the_slim_push_is_thin(pushed, regi
     assert re.search(r"\b\d+ new, \d+ reused\b", slim_row) and re.search(r"\d+(\.\d)? kB", slim_row), summary
 
 
-def test_the_slim_image_says_what_it_is(pushed, registry):  # noqa: F811
+def test_the_slim_image_says_what_it_is(pushed, registry):
     import docker
 
     client = docker.from_env()
@@ -92,7 +102,7 @@ def test_the_slim_image_says_what_it_is(pushed, registry):  # noqa: F811
     assert "8080/tcp" in config["ExposedPorts"]
 
 
-def test_the_slim_container_serves_the_reference_tokens_as_a_non_root_user(pushed, registry, compiled):  # noqa: F811
+def test_the_slim_container_serves_the_reference_tokens_as_a_non_root_user(pushed, registry, compiled):
     import docker
 
     from contract.artifact import load_meta
@@ -101,7 +111,9 @@ def test_the_slim_container_serves_the_reference_tokens_as_a_non_root_user(pushe
     port = free_port()
     client = docker.from_env()
     container = client.containers.run(
-        f"{registry.address}/{REPO}:slim", detach=True, network_mode="host",
+        f"{registry.address}/{REPO}:slim",
+        detach=True,
+        network_mode="host",
         environment={"GEMMA4_HOST": "127.0.0.1", "GEMMA4_PORT": str(port)},  # loopback only
     )
     try:
@@ -118,10 +130,16 @@ def test_the_slim_container_serves_the_reference_tokens_as_a_non_root_user(pushe
 
         artifact = compiled("tiny-e2b", "fp32")
         golden = next(g for g in load_meta(artifact).golden if g.name == "chat")
-        r = requests.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
-            "model": "tiny-e2b", "messages": [{"role": "user", "content": "Capital of France?"}],
-            "max_tokens": len(golden.tokens), "temperature": 0,
-        })
+        r = requests.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            timeout=60,
+            json={
+                "model": "tiny-e2b",
+                "messages": [{"role": "user", "content": "Capital of France?"}],
+                "max_tokens": len(golden.tokens),
+                "temperature": 0,
+            },
+        )
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["usage"]["prompt_tokens"] == len(golden.ids)
@@ -171,7 +189,7 @@ def bare_image(tag: str = "local/bare:1"):
     return docker.from_env().images.get(tag)
 
 
-def test_a_base_image_without_python_is_named_before_anything_is_built(docker_engine, tmp_path):  # noqa: F811
+def test_a_base_image_without_python_is_named_before_anything_is_built(docker_engine, tmp_path):
     """It failed deep in the build with "returned a non-zero code: 127"."""
     bare_image()
     run = images_cli(tmp_path, "--base-image", "local/bare:1", "--tags", "base", timeout=300)
@@ -179,11 +197,11 @@ def test_a_base_image_without_python_is_named_before_anything_is_built(docker_en
     assert line.startswith("error: prepare OS image: local/bare:1 has no python3") and "python3-venv" in line, line
 
 
-def test_a_stale_default_os_image_is_checked_before_it_is_trusted(docker_engine, tmp_path):  # noqa: F811
+def test_a_stale_default_os_image_is_checked_before_it_is_trusted(docker_engine, tmp_path):
     """An existing local/debian:bookworm was used as it was; one without python3 is named, with the fix."""
+    from gemma4_port.images.assemble import image_cache
     from gemma4_port.images.docker_driver import Driver
     from gemma4_port.images.plan import DEFAULT_OS_IMAGE
-    from gemma4_port.images.assemble import image_cache
 
     default = DEFAULT_OS_IMAGE["cpu"]
     Driver().ensure_os_image(default, image_cache())  # the real one (made once, from the cached rootfs)

@@ -13,9 +13,15 @@ from support.sources import project_modules
 # group the CPU tensor-parallel compile traces its ranks in (the server runs them in the same one). The host
 # overhead bench also times the server's own per-token host work (sampling, detokenising).
 RUNTIME_FOR_BUILD = {"runtime", "runtime.model", "runtime.model.loader", "runtime.model.ranks"}
-RUNTIME_FOR_BENCH = {"gemma4_port.bench.host_overhead": {"runtime.generate.sampling", "runtime.generate.detok"},
-                     # it times the server's constrained choice and logprobs with the server's own code
-                     "gemma4_port.bench.constrained": {"runtime.generate.grammar", "runtime.generate.logits", "runtime.generate.sampling"}}
+RUNTIME_FOR_BENCH = {
+    "gemma4_port.bench.host_overhead": {"runtime.generate.sampling", "runtime.generate.detok"},
+    # it times the server's constrained choice and logprobs with the server's own code
+    "gemma4_port.bench.constrained": {
+        "runtime.generate.grammar",
+        "runtime.generate.logits",
+        "runtime.generate.sampling",
+    },
+}
 
 
 def imports_of(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
@@ -83,15 +89,20 @@ def wrong_direction(graph: dict[str, set[str]]) -> list[str]:
                 bad.append(f"{module} -> {t}: contract imports neither runtime nor gemma4_port")
             elif top == "runtime" and t_top == "gemma4_port":
                 bad.append(f"{module} -> {t}: the server imports nothing from the build package")
-            elif top == "gemma4_port" and t_top == "runtime" and t not in RUNTIME_FOR_BUILD | RUNTIME_FOR_BENCH.get(
-                    module, set()):
+            elif (
+                top == "gemma4_port"
+                and t_top == "runtime"
+                and t not in RUNTIME_FOR_BUILD | RUNTIME_FOR_BENCH.get(module, set())
+            ):
                 bad.append(f"{module} -> {t}: the build package takes only the load path from runtime")
     return bad
 
 
 def test_imports_run_one_way():
     graph = import_graph()
-    assert {"contract.artifact", "runtime.model.loader", "gemma4_port.compile.backends"} <= set(graph)  # the walk saw them
+    assert {"contract.artifact", "runtime.model.loader", "gemma4_port.compile.backends"} <= set(
+        graph
+    )  # the walk saw them
     assert wrong_direction(graph) == []
 
 
@@ -103,11 +114,20 @@ def test_the_checks_catch_what_they_are_for():
     """A cycle through a lazy import and each wrong direction are found (the checks can fail)."""
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
-    bad = wrong_direction({"contract.x": {"runtime.generate.engine"}, "runtime.generate.engine": {"gemma4_port.compile.backends"},
-                           "gemma4_port.verify.run": {"runtime.generate.engine", "runtime.model.loader"},
-                           "runtime.model.loader": set(), "gemma4_port.compile.backends": set()})
-    assert [b.split(":")[0] for b in bad] == ["contract.x -> runtime.generate.engine", "gemma4_port.verify.run -> runtime.generate.engine",
-                                              "runtime.generate.engine -> gemma4_port.compile.backends"]
+    bad = wrong_direction(
+        {
+            "contract.x": {"runtime.generate.engine"},
+            "runtime.generate.engine": {"gemma4_port.compile.backends"},
+            "gemma4_port.verify.run": {"runtime.generate.engine", "runtime.model.loader"},
+            "runtime.model.loader": set(),
+            "gemma4_port.compile.backends": set(),
+        }
+    )
+    assert [b.split(":")[0] for b in bad] == [
+        "contract.x -> runtime.generate.engine",
+        "gemma4_port.verify.run -> runtime.generate.engine",
+        "runtime.generate.engine -> gemma4_port.compile.backends",
+    ]
     tmp = {"pkg.a": ROOT / "contract" / "errors.py"}
     assert imports_of("pkg.a", tmp["pkg.a"], tmp) == set()
 

@@ -16,7 +16,6 @@ from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
 from runtime.serve import gunicorn_options
 from runtime.settings import Settings
-
 from support import MANIFESTS, ROOT
 
 K8S = ROOT / "deploy" / "k8s"
@@ -52,8 +51,12 @@ def test_the_rendered_manifests_pass_the_kubernetes_schemas_strictly(rendered):
 
 def test_a_misspelled_field_fails_the_validation(rendered):
     """The check above can fail: a typo in a field name is refused."""
-    run = subprocess.run([tool("kubernetes-validate"), "--strict", "-"], input=rendered.replace("preStop:", "preStp:"),
-                         capture_output=True, text=True)
+    run = subprocess.run(
+        [tool("kubernetes-validate"), "--strict", "-"],
+        input=rendered.replace("preStop:", "preStp:"),
+        capture_output=True,
+        text=True,
+    )
     assert run.returncode != 0 and "preStp" in run.stdout + run.stderr
 
 

@@ -27,8 +27,10 @@ CASES = {
     "nonzero": (lambda m, x, ids: torch.nonzero(x > 0), "nonzero"),
     "embedding": (lambda m, x, ids: F.embedding(ids, m.table), "embedding lookup"),
     "vocab tanh": (lambda m, x, ids: torch.tanh(x @ m.table.T / 30) * 30, "spans the vocabulary"),
-    "sdpa": (lambda m, x, ids: F.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None]),
-             "fused SDPA"),
+    "sdpa": (
+        lambda m, x, ids: F.scaled_dot_product_attention(x[None, None], x[None, None], x[None, None]),
+        "fused SDPA",
+    ),
 }
 
 

@@ -17,7 +17,10 @@ def test_step_figures():
     assert capped.max_abs < 1e-5  # float32 rounding of the reference row
 
 
-REF = [torch.tensor([5.0, 4.99, 1.0, 0.5, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0]), torch.tensor([0.0, 1.0, 9.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0])]
+REF = [
+    torch.tensor([5.0, 4.99, 1.0, 0.5, 0.0, -1.0, -2.0, -3.0, -4.0, -5.0]),
+    torch.tensor([0.0, 1.0, 9.0, -1.0, -2.0, -3.0, -4.0, -5.0, -6.0, -7.0]),
+]
 
 
 def golden() -> Golden:

@@ -68,12 +68,15 @@ def dense_reference(row: torch.Tensor, c: Controls, prompt: list[int], out: list
     return x
 
 
-@pytest.mark.parametrize("controls", [
-    Controls(frequency_penalty=1.5),
-    Controls(presence_penalty=2.0, frequency_penalty=-0.5),
-    Controls(repetition_penalty=1.8),
-    Controls(repetition_penalty=1.3, presence_penalty=0.5, logit_bias=((3, 5.0), (9, -100.0))),
-])
+@pytest.mark.parametrize(
+    "controls",
+    [
+        Controls(frequency_penalty=1.5),
+        Controls(presence_penalty=2.0, frequency_penalty=-0.5),
+        Controls(repetition_penalty=1.8),
+        Controls(repetition_penalty=1.3, presence_penalty=0.5, logit_bias=((3, 5.0), (9, -100.0))),
+    ],
+)
 def test_penalised_greedy_picks_the_dense_reference_argmax(controls):
     prompt = [11, 12, 13, 12]
     chooser, out = TokenChooser(controls, prompt, EOS), []

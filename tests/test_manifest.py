@@ -6,7 +6,6 @@ import pytest
 import yaml
 
 from gemma4_port.source.manifest import ManifestError, load_manifest
-
 from support import MANIFESTS, ROOT
 
 SHIPPED = sorted(MANIFESTS.glob("*.yaml"))
@@ -19,8 +18,10 @@ def test_shipped_manifests_parse(path):
 
 
 def test_real_manifests_use_the_seed_tp():
-    tp = {n: {v.tp for v in load_manifest(MANIFESTS / f"{n}.yaml").variants}
-          for n in ("gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b")}
+    tp = {
+        n: {v.tp for v in load_manifest(MANIFESTS / f"{n}.yaml").variants}
+        for n in ("gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b")
+    }
     assert 1 in tp["gemma-4-e2b"] and 2 in tp["gemma-4-e4b"] and tp["gemma-4-12b"] == {2}
 
 
@@ -34,22 +35,32 @@ def _base():
     return yaml.safe_load((MANIFESTS / "tiny-e2b.yaml").read_text())
 
 
-@pytest.mark.parametrize("mutate, field, words", [
-    (lambda d: d["variants"][0].update(tp=3), "variants[0].tp", "1 or 2"),
-    (lambda d: d["variants"][0].update(dtype="float16"), "variants[0].dtype", "float32"),
-    (lambda d: d["variants"][0].update(buckets=[32, 16]), "variants[0]", "increasing"),
-    (lambda d: d["variants"][0].update(buckets=[16, 64]), "variants[0]", "kv_max"),
-    (lambda d: d["variants"][1].update(name="fp32"), "(top level)", "unique"),
-    (lambda d: d.pop("name"), "name", "required"),
-    (lambda d: d["model"].update(source="google/gemma-4-E2B-it"), "model", "exactly one"),
-    (lambda d: d["model"]["random"]["config"].update(num_hidden_layers="many"), "model.random.config", "Gemma4TextConfig"),
-    (lambda d: d["toolchain"].pop("neuronx_cc"), "toolchain.neuronx_cc", "required"),
-    (lambda d: d.update(surprise=1), "surprise", "unknown field; allowed here: name, model, toolchain"),
-    # A misspelled key: the unknown field first, not the "Field required" it leaves behind.
-    (lambda d: d.update(toolchian=d.pop("toolchain")), "toolchian", "unknown field"),
-    (lambda d: d["variants"][0].update(tpp=d["variants"][0].pop("tp")), "variants[0].tpp",
-     "unknown field; allowed here: name, tp, batch"),
-])
+@pytest.mark.parametrize(
+    "mutate, field, words",
+    [
+        (lambda d: d["variants"][0].update(tp=3), "variants[0].tp", "1 or 2"),
+        (lambda d: d["variants"][0].update(dtype="float16"), "variants[0].dtype", "float32"),
+        (lambda d: d["variants"][0].update(buckets=[32, 16]), "variants[0]", "increasing"),
+        (lambda d: d["variants"][0].update(buckets=[16, 64]), "variants[0]", "kv_max"),
+        (lambda d: d["variants"][1].update(name="fp32"), "(top level)", "unique"),
+        (lambda d: d.pop("name"), "name", "required"),
+        (lambda d: d["model"].update(source="google/gemma-4-E2B-it"), "model", "exactly one"),
+        (
+            lambda d: d["model"]["random"]["config"].update(num_hidden_layers="many"),
+            "model.random.config",
+            "Gemma4TextConfig",
+        ),
+        (lambda d: d["toolchain"].pop("neuronx_cc"), "toolchain.neuronx_cc", "required"),
+        (lambda d: d.update(surprise=1), "surprise", "unknown field; allowed here: name, model, toolchain"),
+        # A misspelled key: the unknown field first, not the "Field required" it leaves behind.
+        (lambda d: d.update(toolchian=d.pop("toolchain")), "toolchian", "unknown field"),
+        (
+            lambda d: d["variants"][0].update(tpp=d["variants"][0].pop("tp")),
+            "variants[0].tpp",
+            "unknown field; allowed here: name, tp, batch",
+        ),
+    ],
+)
 def test_bad_manifest_names_file_and_field(tmp_path, mutate, field, words):
     data = _base()
     mutate(data)
@@ -75,10 +86,13 @@ def test_missing_and_malformed_files(tmp_path):
         load_manifest(tmp_path / "x.yaml")
 
 
-@pytest.mark.parametrize("text, where", [
-    ("name: [unclosed", "line 1, column 16: expected ',' or ']'"),
-    ("name: x\nmodel: {source: a\n  b: [\n", "line 3, column 4: expected ',' or '}', but got ':'"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("name: [unclosed", "line 1, column 16: expected ',' or ']'"),
+        ("name: x\nmodel: {source: a\n  b: [\n", "line 3, column 4: expected ',' or '}', but got ':'"),
+    ],
+)
 def test_a_yaml_syntax_error_is_one_line_naming_the_file_and_line(tmp_path, text, where):
     (tmp_path / "x.yaml").write_text(text)
     with pytest.raises(ManifestError) as err:
@@ -89,8 +103,9 @@ def test_a_yaml_syntax_error_is_one_line_naming_the_file_and_line(tmp_path, text
 
 
 def test_a_directory_is_one_error_line(tmp_path):
-    run = subprocess.run([sys.executable, "build.py", "plan", str(tmp_path)], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    run = subprocess.run(
+        [sys.executable, "build.py", "plan", str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 2 and run.stderr == f"error: {tmp_path} is a directory; give the file itself\n"
 
 

@@ -5,15 +5,14 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from contract.greedy import softcap
-from gemma4_port.source.checkpoint import CheckpointReader
+from gemma4_port.compile.tracing import trace_quietly
 from gemma4_port.port.graphs import DecodeGraph, PrefillGraph
 from gemma4_port.port.lint import check_traced
 from gemma4_port.port.model import Gemma4Decoder, WeightError, copy_slot
+from gemma4_port.source.checkpoint import CheckpointReader
 from gemma4_port.verify.reference import load_reference, reference_greedy
-from gemma4_port.compile.tracing import trace_quietly
 from runtime.model.prefix import reusable_prefix
 from runtime.model.runner import chunks
-
 from support.builds import setup
 from support.copies import check_copied, planted_kv
 
@@ -129,6 +128,7 @@ def test_a_prefill_key_bucket_computes_what_the_whole_cache_does():
 
 # -- chunked prefill at any offset, sliding rings, reused prefixes ---------------------------------
 
+
 def _prompt(n, seed=0):
     g = torch.Generator().manual_seed(seed)
     return [int(t) for t in torch.randint(8, 1024, (n,), generator=g)]
@@ -144,7 +144,7 @@ def _prefill(prefill, host, ids, chunks, buckets, slot, kv):
     """Prefill `ids` in chunks of the given sizes into the given buckets; logits after each chunk."""
     start, seen = 0, []
     for n, bucket in zip(chunks, buckets):
-        logits, *kv = prefill(*host.prefill(ids[start:start + n], bucket, slot, kv, start=start))
+        logits, *kv = prefill(*host.prefill(ids[start : start + n], bucket, slot, kv, start=start))
         start += n
         seen.append((start, logits[0]))
     assert start == len(ids)
@@ -234,7 +234,7 @@ def test_the_chunk_graph_traces_without_scatter_or_indexing():
 @torch.no_grad()
 def _prefill_all(graph, host, ids, slot, kv, start=0):
     for first, n, bucket in chunks(start, len(ids), host.geo.buckets):
-        logits, *kv = graph(*host.prefill(ids[first:first + n], bucket, slot, kv, start=first))
+        logits, *kv = graph(*host.prefill(ids[first : first + n], bucket, slot, kv, start=first))
     return logits[0], kv
 
 
@@ -281,6 +281,7 @@ def test_a_slot_copy_carries_the_sources_bits_in_the_kept_positions_and_nothing_
     for source, target, keep, T in ((2, 0, 5, 16), (0, 3, 16, 16), (3, 1, 40, 64), (1, 2, 64, 64)):
         one_hot = torch.nn.functional.one_hot
         held = (torch.arange(T) < keep).to(dtype)  # (T,)
-        out = copy_slot(one_hot(torch.tensor(source), 4).to(dtype), one_hot(torch.tensor(target), 4).to(dtype),
-                        held, kv, kinds)
+        out = copy_slot(
+            one_hot(torch.tensor(source), 4).to(dtype), one_hot(torch.tensor(target), 4).to(dtype), held, kv, kinds
+        )
         check_copied(kv, out, kinds, source, target, keep)

@@ -11,17 +11,23 @@ import torch
 
 from contract.hostside import HostInputs
 from contract.layout import KV_STATE, neuron_layout, signature
-from gemma4_port.source.configs import text_config_for
-from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph
-from gemma4_port.source.manifest import load_manifest
-from gemma4_port.port.model import Gemma4Decoder, kv_shapes
 from gemma4_port.compile.neuron import (
-    DECODER, DeviceKV, check_inputs, check_spmd, empty_decoder, full_checkpoint, graph_inputs, load_buffers,
+    DECODER,
+    DeviceKV,
+    check_inputs,
+    check_spmd,
+    empty_decoder,
+    full_checkpoint,
+    graph_inputs,
+    load_buffers,
     nxd_plan,
 )
-from gemma4_port.port.sharding import REPLICATED, shard_model
 from gemma4_port.compile.tracing import CompileError
-
+from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph
+from gemma4_port.port.model import Gemma4Decoder, kv_shapes
+from gemma4_port.port.sharding import REPLICATED, shard_model
+from gemma4_port.source.configs import text_config_for
+from gemma4_port.source.manifest import load_manifest
 from support import MANIFESTS, ROOT
 from support.builds import started
 from support.copies import check_copied
@@ -125,8 +131,16 @@ def test_nxd_layers_of_each_rank_match_the_sharding_plan(name):
             assert f"layers.{s.index}.self_attn.k_proj.weight" not in {e.path + ".weight" for e in nxd_plan(shard)}
 
 
-@pytest.mark.parametrize("name,variant", [("tiny-e2b", "fp32"), ("tiny-e2b", "b4"), ("tiny-e4b", "tp2-bf16"),
-                                          ("tiny-12b", "tp2"), ("tiny-12b", "chunks-tp2")])
+@pytest.mark.parametrize(
+    "name,variant",
+    [
+        ("tiny-e2b", "fp32"),
+        ("tiny-e2b", "b4"),
+        ("tiny-e4b", "tp2-bf16"),
+        ("tiny-12b", "tp2"),
+        ("tiny-12b", "chunks-tp2"),
+    ],
+)
 def test_example_inputs_match_the_graph_signatures(name, variant):
     folder, config, reader, v, geo, host = _tiny(name, variant)
     layout = neuron_layout(v.tp, v.prefill, v.buckets, v.kv_buckets, v.batch)
@@ -135,8 +149,7 @@ def test_example_inputs_match_the_graph_signatures(name, variant):
         inputs = graph_inputs(host, geo, graph)
         check_inputs(inputs, geo, graph)
         kind = graph.partition("_")[0]
-        assert [n for n, _, _ in signature(geo, graph)] == [
-            n for n in geo.inputs[kind] if not n.startswith("kv")]
+        assert [n for n, _, _ in signature(geo, graph)] == [n for n in geo.inputs[kind] if not n.startswith("kv")]
         routes.add(str([t.shape for t in inputs]))
     assert len(routes) == len(layout.device_graphs)  # ModelBuilder routes each call by its input shapes
     decode = f"decode_{geo.kv_max}"
@@ -151,13 +164,17 @@ def test_modelbuilder_checkpoint_keys_are_the_modules_weights():
     full = full_checkpoint(folder, config, torch.float32)
     shard = shard_model(config, 2, 1)
     with torch.device("meta"):
-        module = DeviceKV(PrefillGraph(Gemma4Decoder(shard)), kv_shapes(shard, v.batch, v.kv_max, geo.ring), torch.float32)
+        module = DeviceKV(
+            PrefillGraph(Gemma4Decoder(shard)), kv_shapes(shard, v.batch, v.kv_max, geo.ring), torch.float32
+        )
     names = set(module.state_dict())
     assert set(full) == {n for n in names if not n.startswith("kv.")}  # every weight, no KV state
     assert all(n.startswith(DECODER) for n in full)
     # NxD slices the whole tensors: a split tensor is full-size in the checkpoint
-    assert full[DECODER + "layers.0.self_attn.q_proj.weight"].shape[0] == 2 * module.state_dict()[
-        DECODER + "layers.0.self_attn.q_proj.weight"].shape[0]
+    assert (
+        full[DECODER + "layers.0.self_attn.q_proj.weight"].shape[0]
+        == 2 * module.state_dict()[DECODER + "layers.0.self_attn.q_proj.weight"].shape[0]
+    )
 
 
 @torch.no_grad()
@@ -182,9 +199,23 @@ def test_kv_state_is_named_as_the_server_reads_it():
 def test_compile_for_neuron_without_the_sdk_stops_at_once_naming_the_package(tmp_path):
     out = tmp_path / "artifact"
     result = subprocess.run(
-        [sys.executable, str(ROOT / "build.py"), "compile", str(MANIFESTS / "tiny-e4b.yaml"),
-         "--variant", "tp2", "--backend", "neuron", "--out", str(out)],
-        capture_output=True, text=True, cwd=ROOT, timeout=300)
+        [
+            sys.executable,
+            str(ROOT / "build.py"),
+            "compile",
+            str(MANIFESTS / "tiny-e4b.yaml"),
+            "--variant",
+            "tp2",
+            "--backend",
+            "neuron",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in result.stderr

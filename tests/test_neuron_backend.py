@@ -9,20 +9,22 @@ import pytest
 import torch
 
 from contract.artifact import ArtifactError, write_raw
+from gemma4_port.compile.neuron import kv_head_ranges
+from gemma4_port.port.model import kv_shapes
+from gemma4_port.port.sharding import shard_model
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
-from gemma4_port.port.model import kv_shapes
-from gemma4_port.compile.neuron import kv_head_ranges
-from gemma4_port.port.sharding import shard_model
 from runtime.model.loader import load_artifact
 from runtime.model.neuron import join_kv, split_kv
-
 from support import MANIFESTS
 
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
-RECORDED = {"neuronx-cc": "2.23.6484.0+3b612583", "torch-neuronx": "2.8.0.2.10.16998",
-            "aws-neuronx-runtime-lib": "2.30.50.0-0d3ac3dfc", "torch": "2.8.0"}
-
+RECORDED = {
+    "neuronx-cc": "2.23.6484.0+3b612583",
+    "torch-neuronx": "2.8.0.2.10.16998",
+    "aws-neuronx-runtime-lib": "2.30.50.0-0d3ac3dfc",
+    "torch": "2.8.0",
+}
 
 
 @pytest.mark.parametrize("name", TINY)
@@ -36,7 +38,7 @@ def test_host_prefill_kv_splits_into_each_ranks_buffers_and_back(name):
         assert [tuple(t.shape) for t in ranks[r]] == kv_shapes(shard, 3, 20, 12)
     for t, per_rank, whole in zip(ranks[1], ranges, full):
         start, count = per_rank[1]
-        assert torch.equal(t, whole[:, start:start + count])
+        assert torch.equal(t, whole[:, start : start + count])
     joined = join_kv(ranks, ranges)
     assert all(torch.equal(a, b) for a, b in zip(joined, full))
 
@@ -50,6 +52,8 @@ def test_a_neuron_artifact_under_other_sdk_versions_is_refused(compiled, tmp_pat
     meta.pop("digest")
     write_raw(folder, meta)  # a consistent edit: the version check behind the digest check sees it
     # an ArtifactError: build.py verify and the server print it as one line
-    with pytest.raises(ArtifactError, match="neuronx-cc: compiled with 2.23.6484.0.*torch-neuronx: compiled with "
-                                            "2.8.0.2.10.16998, installed none"):
+    with pytest.raises(
+        ArtifactError,
+        match="neuronx-cc: compiled with 2.23.6484.0.*torch-neuronx: compiled with 2.8.0.2.10.16998, installed none",
+    ):
         load_artifact(folder)

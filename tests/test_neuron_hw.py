@@ -22,7 +22,6 @@ import yaml
 from contract.artifact import ArtifactError, write_raw
 from gemma4_port.source.manifest import load_manifest
 from runtime.model.loader import load_artifact
-
 from support import MANIFESTS, ROOT
 
 pytestmark = pytest.mark.neuron
@@ -49,9 +48,24 @@ def compile_in_own_process(name: str, variant: str, change: dict, folder: Path) 
     manifest.write_text(yaml.safe_dump(raw))
     load_manifest(manifest)  # a bad change fails here, not after a compile
     out = folder / "artifact"
-    done = subprocess.run([sys.executable, str(ROOT / "build.py"), "compile", str(manifest), "--variant", variant,
-                           "--backend", "neuron", "--out", str(out)], capture_output=True, text=True, cwd=ROOT,
-                          timeout=7200)
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "build.py"),
+            "compile",
+            str(manifest),
+            "--variant",
+            variant,
+            "--backend",
+            "neuron",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=7200,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
     return out
 
@@ -76,8 +90,14 @@ def test_compile_for_neuron_then_verify_matches_the_float_reference(neuron_compi
     meta = json.loads((folder / "artifact.json").read_text())
     assert meta["backend"] == "neuron"
     assert {"neuronx-cc", "torch-neuronx"} <= set(meta["versions"])
-    result = subprocess.run([sys.executable, str(ROOT / "build.py"), "verify", str(folder)], capture_output=True,
-                            text=True, cwd=ROOT, env=os.environ | {"COLUMNS": "250"}, timeout=3600)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "build.py"), "verify", str(folder)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=os.environ | {"COLUMNS": "250"},
+        timeout=3600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
 
 
@@ -113,7 +133,7 @@ def test_a_fork_copies_on_the_cores_and_decodes_as_a_prefill_does(neuron_compile
     runner.fork(0, 1)
     for new_rank, old_rank in zip(kv.read(), before):
         for new, old in zip(new_rank, old_rank):  # (B, KVH, S, D)
-            assert torch.equal(new[1, :, :len(ids)], old[0, :, :len(ids)]) and torch.equal(new[others], old[others])
+            assert torch.equal(new[1, :, : len(ids)], old[0, :, : len(ids)]) and torch.equal(new[others], old[others])
     runner.free(0)
     got = []
     for _ in want:

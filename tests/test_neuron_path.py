@@ -8,12 +8,12 @@ from pathlib import Path
 
 import openai
 import pytest
-from support import MANIFESTS
-from support.sdk import ROOT, STANDIN, run_cli, run_python, sdk_env
 
 from contract.layout import NXD_MODEL, NXD_WEIGHTS
 from gemma4_port.bench.server import Server
 from gemma4_port.source.manifest import load_manifest
+from support import MANIFESTS
+from support.sdk import ROOT, STANDIN, run_cli, run_python, sdk_env
 
 LAYOUTS = {  # the four ways a Neuron artifact runs; all through one ModelBuilder model
     "tp1": ("tiny-e2b", "fp32"),
@@ -32,8 +32,9 @@ def neuron_artifact(tmp_path_factory):
         if layout not in made:
             name, variant = LAYOUTS[layout]
             out = tmp_path_factory.mktemp(layout) / "artifact"
-            done = run_cli("compile", MANIFESTS / f"{name}.yaml", "--variant", variant, "--backend", "neuron",
-                           "--out", out)
+            done = run_cli(
+                "compile", MANIFESTS / f"{name}.yaml", "--variant", variant, "--backend", "neuron", "--out", out
+            )
             assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
             made[layout] = out, done.stderr
         return made[layout]
@@ -51,9 +52,13 @@ def test_every_layout_compiles_through_model_builder_and_verifies(neuron_artifac
     assert set(meta["graphs"]) == ({"model", "host_prefill"} if host else {"model"})  # one model, all buckets
     tp = meta["geometry"]["tp"]
     assert sorted(p for p in meta["files"] if p.startswith("weights/")) == [
-        NXD_WEIGHTS.format(rank=r) for r in range(tp)]  # one copy of each rank's weights, whatever the buckets
+        NXD_WEIGHTS.format(rank=r) for r in range(tp)
+    ]  # one copy of each rank's weights, whatever the buckets
     assert {meta["versions"][p] for p in ("torch-neuronx", "neuronx-cc", "neuronx-distributed")} == {
-        "2.8.0.2.12.22436", "2.23.6484.0", "0.17.26814"}
+        "2.8.0.2.12.22436",
+        "2.23.6484.0",
+        "0.17.26814",
+    }
     done = run_cli("verify", folder, "--quick")
     assert done.returncode == 0 and re.search(r"\d+ passed, 0 failed", done.stdout), done.stdout + done.stderr
 
@@ -156,11 +161,13 @@ def test_serve_answers_on_the_stand_in(neuron_artifact, tmp_path):
     folder, _ = neuron_artifact("tp2-device-prefill")
     with Server(folder, tmp_path / "logs", ready_timeout_s=300, env=sdk_env()) as server:
         reply = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none").completions.create(
-            model=server.model, prompt="hello world", max_tokens=4, temperature=0)
+            model=server.model, prompt="hello world", max_tokens=4, temperature=0
+        )
     assert reply.choices[0].text and reply.usage.completion_tokens == 4
 
 
 # -- findings 2, 3, 6, 7: the sources and the pins ------------------------------------------------
+
 
 def _sources():
     for package in ("gemma4_port", "runtime"):
@@ -170,16 +177,26 @@ def _sources():
 def test_no_parallel_model_trace_and_no_torch_neuronx_trace():
     """Finding 2: parallel_model_trace is unsupported from Neuron 2.27 and needs live process groups
     (it cannot compile in `docker build`); torch_neuronx.trace inlined a weight copy per graph."""
-    uses = [f"{p.relative_to(ROOT)}: {call}" for p in _sources() for call in ("parallel_model_trace", "torch_neuronx.trace(")
-            if call in p.read_text()]
+    uses = [
+        f"{p.relative_to(ROOT)}: {call}"
+        for p in _sources()
+        for call in ("parallel_model_trace", "torch_neuronx.trace(")
+        if call in p.read_text()
+    ]
     assert uses == []
     assert not (STANDIN / "neuronx_distributed/trace/trace.py").exists()  # the stand-in has no such call to offer
 
 
 # SDK 2.28.0 in aws-neuron-sdk src/helperscripts/n2-manifest.json
-SDK_2_28 = {"torch_neuronx": "2.8.0.2.12.22436", "neuronx_cc": "2.23.6484.0", "neuronx_distributed": "0.17.26814",
-            "neuron_runtime": "2.30.51.0", "neuron_collectives": "2.30.59.0", "neuron_tools": "2.28.23.0",
-            "neuron_driver": "2.26.5.0"}
+SDK_2_28 = {
+    "torch_neuronx": "2.8.0.2.12.22436",
+    "neuronx_cc": "2.23.6484.0",
+    "neuronx_distributed": "0.17.26814",
+    "neuron_runtime": "2.30.51.0",
+    "neuron_collectives": "2.30.59.0",
+    "neuron_tools": "2.28.23.0",
+    "neuron_driver": "2.26.5.0",
+}
 
 
 @pytest.mark.parametrize("path", sorted(MANIFESTS.glob("*.yaml")), ids=lambda p: p.stem)
@@ -229,12 +246,16 @@ def test_hardware_tests_compile_each_variant_in_its_own_process():
 
 def test_stand_in_versions_are_sdk_2_28():
     code = "import importlib.metadata as md\nreport({p: md.version(p) for p in ('torch-neuronx', 'neuronx-cc', 'neuronx-distributed')})"
-    assert run_python(code) == {"torch-neuronx": SDK_2_28["torch_neuronx"], "neuronx-cc": SDK_2_28["neuronx_cc"],
-                                "neuronx-distributed": SDK_2_28["neuronx_distributed"]}
+    assert run_python(code) == {
+        "torch-neuronx": SDK_2_28["torch_neuronx"],
+        "neuronx-cc": SDK_2_28["neuronx_cc"],
+        "neuronx-distributed": SDK_2_28["neuronx_distributed"],
+    }
 
 
 def test_golden_dockerfile_pins_every_wheel_and_apt_package():
     text = Path(ROOT / "tests/golden/images/gemma-4-e2b-neuron.base.Dockerfile").read_text()
     assert '"neuronx-cc==2.23.6484.0" "torch-neuronx==2.8.0.2.12.22436" "neuronx-distributed==0.17.26814"' in text
-    assert ("aws-neuronx-runtime-lib=2.30.51.0-* aws-neuronx-collectives=2.30.59.0-* aws-neuronx-tools=2.28.23.0-*"
-            in text)
+    assert (
+        "aws-neuronx-runtime-lib=2.30.51.0-* aws-neuronx-collectives=2.30.59.0-* aws-neuronx-tools=2.28.23.0-*" in text
+    )

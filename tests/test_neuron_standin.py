@@ -4,6 +4,7 @@ refusal, per-rank state that the bucket updates in place and a reset replaces, o
 for every key, the sharded checkpoint files, the compiler flags ModelBuilder adds, and a save/load in a fresh process."""
 
 import pytest
+
 from support.sdk import run_python
 
 BUILD = r"""

@@ -4,10 +4,10 @@ would not, is shown on the graph in test_model.py.)"""
 
 import pytest
 
+from gemma4_port.compile.tracing import geometry
+from gemma4_port.port.sharding import shard_model
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
-from gemma4_port.port.sharding import shard_model
-from gemma4_port.compile.tracing import geometry
 from runtime.model.prefix import choose_slot, forkable, reusable_prefix
 from support import MANIFESTS
 

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from runtime.model.ranks import RankGroup, TensorParallelError
-
 from support.processes import gone
 
 

@@ -8,13 +8,12 @@ import warnings
 from importlib.metadata import version
 
 import torch
-from packaging.specifiers import SpecifierSet
 from packaging.requirements import Requirement
+from packaging.specifiers import SpecifierSet
 
 from gemma4_port.source.checkpoint import resolve_checkpoint
 from gemma4_port.source.manifest import load_manifest
 from gemma4_port.verify.reference import load_reference, reference_greedy
-
 from support import MANIFESTS, ROOT
 
 

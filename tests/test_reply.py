@@ -12,8 +12,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gemma4_port.source.toy_tokenizer import RESPONSE_SCHEMA, train_tokenizer
-from runtime.generate.detok import Detokenizer
 from runtime.api.reply_parser import Content, Reasoning, ReplyParser, ToolCall
+from runtime.generate.detok import Detokenizer
 
 Q = '<|"|>'
 HI = [{"role": "user", "content": "Hi"}]
@@ -38,32 +38,66 @@ def split(tok, prompt, reply, tools=True, by_token=True, **kw):
     else:
         chunks = [reply]
     pieces = [p for c in chunks for p in parser.feed(c)] + parser.finish()
-    return ("".join(p.text for p in pieces if isinstance(p, Reasoning)),
-            "".join(p.text for p in pieces if isinstance(p, Content)),
-            [(p.name, json.loads(p.arguments)) for p in pieces if isinstance(p, ToolCall)])
+    return (
+        "".join(p.text for p in pieces if isinstance(p, Reasoning)),
+        "".join(p.text for p in pieces if isinstance(p, Content)),
+        [(p.name, json.loads(p.arguments)) for p in pieces if isinstance(p, ToolCall)],
+    )
 
 
 # (reply, reasoning, content, calls): the shapes the documentation shows, then adversarial arguments.
 CORPUS = [
     ("The capital of France is Paris.", "", "The capital of France is Paris.", []),
     ("<|channel>thought\nThe user wants a capital.<channel|>Paris.", "The user wants a capital.", "Paris.", []),
-    (f"<|tool_call>call:get_weather{{location:{Q}Tokyo, JP{Q}}}<tool_call|>", "", "",
-     [("get_weather", {"location": "Tokyo, JP"})]),
-    (f"<|tool_call>call:write_file{{append:false,content:{Q}hi{Q},path:{Q}a.txt{Q}}}<tool_call|>"
-     "<|tool_call>call:get_current_time{}<tool_call|>", "", "",
-     [("write_file", {"append": False, "content": "hi", "path": "a.txt"}), ("get_current_time", {})]),
-    (f"<|channel>thought\nI need the weather.<channel|><|tool_call>call:get_weather{{city:{Q}Paris{Q}}}<tool_call|>",
-     "I need the weather.", "", [("get_weather", {"city": "Paris"})]),
-    (f"Let me check.<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:3}}<tool_call|>", "", "Let me check.",
-     [("get_weather", {"city": "Paris", "days": 3})]),
-    (f"<|tool_call>call:f{{s:{Q}a {{b}} [c] \"d\" 'e' f:g, h\\n{Q}}}<tool_call|>", "", "",
-     [("f", {"s": "a {b} [c] \"d\" 'e' f:g, h\\n"})]),
-    (f"<|tool_call>call:f{{n:-1.5e-07,i:12345678901234567,z:0,t:true,u:null,e:{Q}{Q}}}<tool_call|>", "", "",
-     [("f", {"n": -1.5e-07, "i": 12345678901234567, "z": 0, "t": True, "u": None, "e": ""})]),
-    (f"<|tool_call>call:f{{o:{{p:{{q:[1,[2,{Q}x{Q}],{{}}]}}}},l:[],m:{{}}}}<tool_call|>", "", "",
-     [("f", {"o": {"p": {"q": [1, [2, "x"], {}]}}, "l": [], "m": {}})]),
-    (f"<|tool_call>call:f{{text:{Q}line one\nline two\twith tab, émoji 🙂 and <|channel| lookalike{Q}}}<tool_call|>",
-     "", "", [("f", {"text": "line one\nline two\twith tab, émoji 🙂 and <|channel| lookalike"})]),
+    (
+        f"<|tool_call>call:get_weather{{location:{Q}Tokyo, JP{Q}}}<tool_call|>",
+        "",
+        "",
+        [("get_weather", {"location": "Tokyo, JP"})],
+    ),
+    (
+        f"<|tool_call>call:write_file{{append:false,content:{Q}hi{Q},path:{Q}a.txt{Q}}}<tool_call|>"
+        "<|tool_call>call:get_current_time{}<tool_call|>",
+        "",
+        "",
+        [("write_file", {"append": False, "content": "hi", "path": "a.txt"}), ("get_current_time", {})],
+    ),
+    (
+        f"<|channel>thought\nI need the weather.<channel|><|tool_call>call:get_weather{{city:{Q}Paris{Q}}}<tool_call|>",
+        "I need the weather.",
+        "",
+        [("get_weather", {"city": "Paris"})],
+    ),
+    (
+        f"Let me check.<|tool_call>call:get_weather{{city:{Q}Paris{Q},days:3}}<tool_call|>",
+        "",
+        "Let me check.",
+        [("get_weather", {"city": "Paris", "days": 3})],
+    ),
+    (
+        f"<|tool_call>call:f{{s:{Q}a {{b}} [c] \"d\" 'e' f:g, h\\n{Q}}}<tool_call|>",
+        "",
+        "",
+        [("f", {"s": "a {b} [c] \"d\" 'e' f:g, h\\n"})],
+    ),
+    (
+        f"<|tool_call>call:f{{n:-1.5e-07,i:12345678901234567,z:0,t:true,u:null,e:{Q}{Q}}}<tool_call|>",
+        "",
+        "",
+        [("f", {"n": -1.5e-07, "i": 12345678901234567, "z": 0, "t": True, "u": None, "e": ""})],
+    ),
+    (
+        f"<|tool_call>call:f{{o:{{p:{{q:[1,[2,{Q}x{Q}],{{}}]}}}},l:[],m:{{}}}}<tool_call|>",
+        "",
+        "",
+        [("f", {"o": {"p": {"q": [1, [2, "x"], {}]}}, "l": [], "m": {}})],
+    ),
+    (
+        f"<|tool_call>call:f{{text:{Q}line one\nline two\twith tab, émoji 🙂 and <|channel| lookalike{Q}}}<tool_call|>",
+        "",
+        "",
+        [("f", {"text": "line one\nline two\twith tab, émoji 🙂 and <|channel| lookalike"})],
+    ),
 ]
 
 
@@ -81,18 +115,23 @@ def test_the_checkpoints_response_schema_agrees(reply, reasoning, content, calls
     if not (content and calls):  # the schema's one regex wants calls before content
         assert (m["content"] or "") == content
     items = RESPONSE_SCHEMA["properties"]["tool_calls"]
-    names = [re.fullmatch(items["items"]["properties"]["function"]["x-regex"], c, re.DOTALL)["name"]
-             for c in re.findall(items["x-regex-iterator"], reply, re.DOTALL)]
+    names = [
+        re.fullmatch(items["items"]["properties"]["function"]["x-regex"], c, re.DOTALL)["name"]
+        for c in re.findall(items["x-regex-iterator"], reply, re.DOTALL)
+    ]
     assert names == [name for name, _ in calls]
 
 
-@pytest.mark.parametrize("reply", [
-    f"<|tool_call>call:f{{a:{Q}unterminated}}<tool_call|>",
-    "<|tool_call>call:f{a:}<tool_call|>",
-    "<|tool_call>call:f{user-id:1}<tool_call|>",  # keys outside \w: not in the dialect transformers parses
-    "<|tool_call>call:f[1,2]<tool_call|>",
-    "<|tool_call>call:f{n:1e999}<tool_call|>",  # JSON has no infinity
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        f"<|tool_call>call:f{{a:{Q}unterminated}}<tool_call|>",
+        "<|tool_call>call:f{a:}<tool_call|>",
+        "<|tool_call>call:f{user-id:1}<tool_call|>",  # keys outside \w: not in the dialect transformers parses
+        "<|tool_call>call:f[1,2]<tool_call|>",
+        "<|tool_call>call:f{n:1e999}<tool_call|>",  # JSON has no infinity
+    ],
+)
 def test_a_malformed_call_is_content_not_an_error(tok, prompt, reply):
     reasoning, content, calls = split(tok, prompt, reply)
     assert calls == [] and content.startswith("call:f") and "<|" not in content
@@ -115,8 +154,10 @@ def test_the_prompt_sets_the_starting_region():
     prompt = large.apply_chat_template(HI, tokenize=False, add_generation_prompt=True)
     assert split(large, prompt, "Hello.") == ("", "Hello.", [])
     # Thinking after a tool result: the prompt opened the thought channel, the model continues it.
-    msgs = HI + [{"role": "assistant", "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": {}}}]},
-                 {"role": "tool", "tool_call_id": "a", "content": "ok"}]
+    msgs = HI + [
+        {"role": "assistant", "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": {}}}]},
+        {"role": "tool", "tool_call_id": "a", "content": "ok"},
+    ]
     prompt = large.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=True)
     assert prompt.endswith("<|channel>thought\n")
     assert split(large, prompt, "It worked.<channel|>Done.") == ("It worked.", "Done.", [])
@@ -126,10 +167,14 @@ def test_the_prompt_sets_the_starting_region():
 # (it is the delimiter), and not the two control characters transformers' dialect reserves.
 KEYS = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,11}", fullmatch=True)
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x01\x02"), max_size=30).filter(
-    lambda s: Q not in s)
-SCALARS = st.none() | st.booleans() | st.integers(-2**60, 2**60) | st.floats(allow_nan=False, allow_infinity=False) | TEXT
-VALUES = st.recursive(SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=4),
-                      max_leaves=12)
+    lambda s: Q not in s
+)
+SCALARS = (
+    st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats(allow_nan=False, allow_infinity=False) | TEXT
+)
+VALUES = st.recursive(
+    SCALARS, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(KEYS, inner, max_size=4), max_leaves=12
+)
 
 
 @settings(max_examples=150, deadline=None)

@@ -9,7 +9,6 @@ import pytest
 
 from runtime.http.app import create_app
 from runtime.settings import Settings
-
 from support.engines import ready
 from support.http import openai_client
 
@@ -39,7 +38,7 @@ def post(client, path: str, body: dict) -> dict:
 def events(client, path: str, body: dict) -> list[dict]:
     resp = client.post(path, json={"model": MODEL, "stream": True} | body)
     assert resp.status_code == 200, resp.get_data(as_text=True)
-    lines = [ln[len("data: "):] for ln in resp.get_data(as_text=True).split("\n\n") if ln.startswith("data: ")]
+    lines = [ln[len("data: ") :] for ln in resp.get_data(as_text=True).split("\n\n") if ln.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     return [json.loads(ln) for ln in lines[:-1]]
 
@@ -87,9 +86,15 @@ def test_chat_logprobs_match_the_tokens(client, engine):
         assert e["logprob"] <= 0 and len(e["top_logprobs"]) == 3
         best = e["top_logprobs"][0]
         assert (best["token"], best["logprob"]) == (e["token"], e["logprob"])  # greedy takes the best
-        assert [t["logprob"] for t in e["top_logprobs"]] == sorted((t["logprob"] for t in e["top_logprobs"]), reverse=True)
-    streamed = [e for chunk in events(client, CHAT, body) for c in chunk["choices"]
-                for e in (c["logprobs"] or {}).get("content", [])]
+        assert [t["logprob"] for t in e["top_logprobs"]] == sorted(
+            (t["logprob"] for t in e["top_logprobs"]), reverse=True
+        )
+    streamed = [
+        e
+        for chunk in events(client, CHAT, body)
+        for c in chunk["choices"]
+        for e in (c["logprobs"] or {}).get("content", [])
+    ]
     assert streamed == content
 
 
@@ -100,8 +105,10 @@ def test_completions_logprobs_echo_and_offsets(client):
     text = reply["choices"][0]["text"]
     assert "".join(lp["tokens"]) == text and len(lp["token_logprobs"]) == 6
     assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(6)]
-    assert all(len(top) <= 2 and max(top.values()) >= lp["token_logprobs"][i] - 1e-6
-               for i, top in enumerate(lp["top_logprobs"]))
+    assert all(
+        len(top) <= 2 and max(top.values()) >= lp["token_logprobs"][i] - 1e-6
+        for i, top in enumerate(lp["top_logprobs"])
+    )
     echoed = post(client, COMPLETIONS, {"prompt": prompt, "max_tokens": 6, "temperature": 0, "echo": True})
     assert texts(echoed) == [prompt + text]
     chunks = events(client, COMPLETIONS, {"prompt": prompt, "max_tokens": 6, "temperature": 0, "echo": True})
@@ -109,8 +116,16 @@ def test_completions_logprobs_echo_and_offsets(client):
 
 
 def test_continuous_usage_stats_count_up_in_every_chunk(client):
-    chunks = events(client, COMPLETIONS, {"prompt": "hello", "max_tokens": 7, "temperature": 0, "stream_options": {
-        "include_usage": True, "continuous_usage_stats": True}})
+    chunks = events(
+        client,
+        COMPLETIONS,
+        {
+            "prompt": "hello",
+            "max_tokens": 7,
+            "temperature": 0,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        },
+    )
     counts = [c["usage"]["completion_tokens"] for c in chunks]
     assert all("usage" in c for c in chunks) and counts == sorted(counts) and counts[-1] == 7
     assert chunks[-1]["choices"] == []
@@ -131,7 +146,9 @@ def test_ignore_eos_min_tokens_and_stop_token_ids(client, engine):
     tokens = free["choices"][0]["logprobs"]["tokens"]
     k = next(i for i, t in enumerate(tokens) if i and t not in tokens[:i])  # the first new token after the first
     token_id = engine.tokenizer(tokens[k], add_special_tokens=False).input_ids[0]
-    cut = post(client, COMPLETIONS, {"prompt": "hello", "max_tokens": 8, "temperature": 0, "stop_token_ids": [token_id]})
+    cut = post(
+        client, COMPLETIONS, {"prompt": "hello", "max_tokens": 8, "temperature": 0, "stop_token_ids": [token_id]}
+    )
     assert cut["choices"][0]["finish_reason"] == "stop" and cut["usage"]["completion_tokens"] == k + 1
     assert cut["choices"][0]["text"] == "".join(tokens[:k])
 
@@ -152,7 +169,10 @@ def test_best_of_returns_the_likeliest_runs(client):
     score = {c["text"]: sum(c["logprobs"]["token_logprobs"]) for c in runs["choices"]}
     best = post(client, COMPLETIONS, body | {"n": 2, "best_of": 4})
     assert texts(best) == sorted(score, key=score.get, reverse=True)[:2]
-    assert best["choices"][0]["logprobs"] is None and best["usage"]["completion_tokens"] == runs["usage"]["completion_tokens"]
+    assert (
+        best["choices"][0]["logprobs"] is None
+        and best["usage"]["completion_tokens"] == runs["usage"]["completion_tokens"]
+    )
     resp = client.post(COMPLETIONS, json={"model": MODEL, "stream": True, "best_of": 2} | body)
     assert resp.status_code == 400 and resp.get_json()["error"]["param"] == "best_of"
 
@@ -195,16 +215,16 @@ def test_echo_with_logprobs_covers_the_prompt_then_the_completion(client, engine
     choice, generated = reply["choices"][0], plain["choices"][0]["logprobs"]
     lp = choice["logprobs"]
     assert choice["text"] == prompt + plain["choices"][0]["text"]
-    assert len(lp["tokens"]) == len(ids) + 4 and lp["tokens"][len(ids):] == generated["tokens"]
+    assert len(lp["tokens"]) == len(ids) + 4 and lp["tokens"][len(ids) :] == generated["tokens"]
     assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
     # teacher-forced KV comes from decode steps, a plain prompt's from the prefill: float32 rounding apart
-    assert lp["token_logprobs"][len(ids):] == pytest.approx(generated["token_logprobs"], abs=1e-4)
+    assert lp["token_logprobs"][len(ids) :] == pytest.approx(generated["token_logprobs"], abs=1e-4)
     assert all(len(top) == 2 for top in lp["top_logprobs"][1:])
     assert lp["text_offset"] == [sum(len(t) for t in lp["tokens"][:i]) for i in range(len(lp["tokens"]))]
     vllm = post(client, COMPLETIONS, {"prompt": prompt, "max_tokens": 4, "temperature": 0, "prompt_logprobs": 2})
     rows = vllm["choices"][0]["prompt_logprobs"]
     assert rows[0] is None and len(rows) == len(ids)
-    assert [row[str(t)]["logprob"] for row, t in zip(rows[1:], ids[1:])] == lp["token_logprobs"][1:len(ids)]
+    assert [row[str(t)]["logprob"] for row, t in zip(rows[1:], ids[1:])] == lp["token_logprobs"][1 : len(ids)]
     chunks = events(client, COMPLETIONS, body)
     streamed = {k: [v for c in chunks for v in (c["choices"][0]["logprobs"] or {}).get(k, [])] for k in lp}
     assert streamed == lp and streamed_texts(chunks, 1) == [choice["text"]]
@@ -241,15 +261,22 @@ def test_lm_eval_harness_loglikelihood_request(client, engine):
     continuation's logprobs are token_logprobs[ctxlen:-1]; greedy if each is its top_logprobs' best."""
     context, continuation = prompt_ids(engine, "The capital of France"), prompt_ids(engine, " is Paris")[1:]
     tokens = context + continuation
-    reply = post(client, COMPLETIONS, {"prompt": [tokens], "temperature": 0, "max_tokens": 1, "logprobs": 1,
-                                       "seed": 1234, "echo": True})
+    reply = post(
+        client,
+        COMPLETIONS,
+        {"prompt": [tokens], "temperature": 0, "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True},
+    )
     [choice] = reply["choices"]
     lp = choice["logprobs"]
     assert len(lp["token_logprobs"]) == len(tokens) + 1
     ctxlen = len(context)
     logprob = sum(lp["token_logprobs"][ctxlen:-1])
-    is_greedy = all(t == max(top.values()) for t, top in zip(lp["token_logprobs"][ctxlen:-1], lp["top_logprobs"][ctxlen:-1]))
-    rows = post(client, COMPLETIONS, {"prompt": tokens, "max_tokens": 1, "prompt_logprobs": 0})["choices"][0]["prompt_logprobs"]
+    is_greedy = all(
+        t == max(top.values()) for t, top in zip(lp["token_logprobs"][ctxlen:-1], lp["top_logprobs"][ctxlen:-1])
+    )
+    rows = post(client, COMPLETIONS, {"prompt": tokens, "max_tokens": 1, "prompt_logprobs": 0})["choices"][0][
+        "prompt_logprobs"
+    ]
     assert logprob == pytest.approx(sum(rows[i][str(tokens[i])]["logprob"] for i in range(ctxlen, len(tokens))))
     assert is_greedy == all(rows[i][str(tokens[i])]["rank"] == 1 for i in range(ctxlen, len(tokens)))
     assert logprob < 0
@@ -263,10 +290,15 @@ def test_echo_logprobs_through_the_openai_client(engine):
     lp = whole.choices[0].logprobs
     assert whole.choices[0].text.startswith(prompt) and len(lp.tokens) == n_prompt + 3 == len(lp.token_logprobs)
     assert lp.token_logprobs[0] is None and all(x <= 0 for x in lp.token_logprobs[1:])
-    parts = list(oai.completions.create(model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=3, temperature=0,
-                                        stream=True))
+    parts = list(
+        oai.completions.create(
+            model=MODEL, prompt=prompt, echo=True, logprobs=1, max_tokens=3, temperature=0, stream=True
+        )
+    )
     assert "".join(p.choices[0].text for p in parts) == whole.choices[0].text
-    assert [t for p in parts if p.choices[0].logprobs for t in p.choices[0].logprobs.token_logprobs] == lp.token_logprobs
+    assert [
+        t for p in parts if p.choices[0].logprobs for t in p.choices[0].logprobs.token_logprobs
+    ] == lp.token_logprobs
 
 
 def test_max_tokens_zero_with_echo_scores_the_prompt_alone(client, engine):

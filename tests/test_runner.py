@@ -99,8 +99,11 @@ def test_a_fork_decodes_on_from_a_copy_of_the_source_slots_kv(runner):
     runner.fork(0, 2, keep=37)
     assert (runner.slots[2].tokens, runner.slots[2].reach) == (ids, 43)  # the copied ring reached 43
     assert int(runner.decode({2: want[0]})[2].argmax()) == want[1]
-    with pytest.raises(ValueError, match=r"a fork keeps 1 to 43 of them, ending at most 32 before the furthest "
-                                         r"position written there \(42: .* not 5"):
+    with pytest.raises(
+        ValueError,
+        match=r"a fork keeps 1 to 43 of them, ending at most 32 before the furthest "
+        r"position written there \(42: .* not 5",
+    ):
         runner.fork(0, 3, keep=5)
     for slot in (1, 2):
         runner.free(slot)

@@ -10,9 +10,16 @@ import torch
 
 from contract.greedy import argmax
 from runtime.generate.sampling import (
-    GREEDY_BELOW, SamplingParams, distribution, draw, min_p_keep, nucleus, sample, softcap, top_candidates,
+    GREEDY_BELOW,
+    SamplingParams,
+    distribution,
+    draw,
+    min_p_keep,
+    nucleus,
+    sample,
+    softcap,
+    top_candidates,
 )
-
 from support.rows import V, peaky
 
 CAP = 30.0
@@ -44,11 +51,17 @@ def flat(seed: int) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("row", [peaky(0), flat(1)], ids=["peaky", "flat"])
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.3, top_k=50),
-    SamplingParams(temperature=0.8, top_p=0.95, top_k=40), SamplingParams(temperature=1.0),
-    SamplingParams(temperature=1.0, top_p=0.5, top_k=V + 5),
-], ids=["top_p", "top_k", "top_k+top_p", "temperature", "top_k>V"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.7, top_p=0.9),
+        SamplingParams(temperature=1.3, top_k=50),
+        SamplingParams(temperature=0.8, top_p=0.95, top_k=40),
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=1.0, top_p=0.5, top_k=V + 5),
+    ],
+    ids=["top_p", "top_k", "top_k+top_p", "temperature", "top_k>V"],
+)
 def test_distribution_equals_full_sort_reference(row, params):
     got = as_dict(*distribution(row.numpy(), params, CAP))
     want = reference(row, params, CAP)
@@ -156,10 +169,16 @@ def test_min_p_keeps_exactly_the_tokens_at_least_min_p_times_the_best(min_p):
     assert kept == set(np.flatnonzero(probs >= min_p * probs.max()).tolist()) and int(probs.argmax()) in kept
 
 
-@pytest.mark.parametrize("params", [
-    SamplingParams(temperature=0.9, min_p=0.05), SamplingParams(temperature=1.2, min_p=0.1, top_k=20),
-    SamplingParams(temperature=1.0, min_p=0.02, top_p=0.8), SamplingParams(temperature=1.0, min_p=1.0),
-], ids=["min_p", "min_p+top_k", "min_p+top_p", "min_p=1"])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=0.9, min_p=0.05),
+        SamplingParams(temperature=1.2, min_p=0.1, top_k=20),
+        SamplingParams(temperature=1.0, min_p=0.02, top_p=0.8),
+        SamplingParams(temperature=1.0, min_p=1.0),
+    ],
+    ids=["min_p", "min_p+top_k", "min_p+top_p", "min_p=1"],
+)
 def test_min_p_distribution_equals_the_reference(params):
     """min-p before top-k and top-p (vLLM's order: v1/sample/sampler.py applies it with the
     argmax-invariant processors, between temperature and top-k/top-p)."""

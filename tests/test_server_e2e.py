@@ -23,7 +23,6 @@ from contract.tokenizer import load_tokenizer
 from gemma4_port.bench.server import Server as ServedArtifact
 from gemma4_port.bench.server import free_port
 from gemma4_port.verify.reference import load_reference, reference_greedy
-
 from support import ROOT
 
 KEY = "e2e-secret"
@@ -36,17 +35,26 @@ class Server(ServedArtifact):
     """The server as a user starts it, with an API key, a small queue and a body limit."""
 
     def __init__(self, artifact: Path, logs: Path):
-        super().__init__(artifact, logs, ready_timeout_s=300, env={
-            "GEMMA4_API_KEY": KEY, "GEMMA4_QUEUE_MAX": "2", "GEMMA4_MAX_BODY_BYTES": "65536",
-            "OMP_NUM_THREADS": "1",  # tiny graphs on a busy 2-core box: one thread is ~10x faster
-        })
+        super().__init__(
+            artifact,
+            logs,
+            ready_timeout_s=300,
+            env={
+                "GEMMA4_API_KEY": KEY,
+                "GEMMA4_QUEUE_MAX": "2",
+                "GEMMA4_MAX_BODY_BYTES": "65536",
+                "OMP_NUM_THREADS": "1",  # tiny graphs on a busy 2-core box: one thread is ~10x faster
+            },
+        )
 
     def client(self, **kw) -> openai.OpenAI:
         return openai.OpenAI(base_url=f"{self.url}/v1", api_key=KEY, **kw)
 
     def post(self, path: str, body, **kw) -> requests.Response:
         data = body if isinstance(body, bytes) else json.dumps(body)
-        return requests.post(f"{self.url}{path}", data=data, headers={"Authorization": f"Bearer {KEY}"}, timeout=60, **kw)
+        return requests.post(
+            f"{self.url}{path}", data=data, headers={"Authorization": f"Bearer {KEY}"}, timeout=60, **kw
+        )
 
     def metric(self, name: str) -> float:
         for line in requests.get(f"{self.url}/metrics", timeout=10).text.splitlines():
@@ -77,8 +85,9 @@ def expected(servers):
     ref = load_reference(Path(meta.checkpoint))
     out = {}
     for text in CHATS:
-        ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                      tokenize=True, return_dict=False)
+        ids = tok.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
         tokens = reference_greedy(ref, list(ids), STEPS)[0]
         cut = next((i + 1 for i, t in enumerate(tokens) if t in meta.eos_token_ids), len(tokens))
         out[text] = (tok.decode(tokens[:cut], skip_special_tokens=True), cut, len(ids))
@@ -172,7 +181,11 @@ BAD = [
     ({"model": "gpt-4o", "messages": [{"role": "user", "content": "hi"}]}, 404, "model_not_found"),
     ({"model": MODEL, "messages": []}, 400, "invalid_value"),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hello world " * 40}]}, 400, "context_length_exceeded"),
-    ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60}, 400, "context_length_exceeded"),
+    (
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 60},
+        400,
+        "context_length_exceeded",
+    ),
     ({"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "n": 0}, 400, "invalid_value"),
     ({"model": MODEL, "prompt": "x" * 70_000}, 413, "request_entity_too_large"),
 ]
@@ -184,8 +197,11 @@ def test_every_bad_input_gets_its_4xx_over_http(servers):
         resp = server.post("/v1/chat/completions", body)
         assert resp.status_code == status, (repr(body)[:80], resp.text)
         assert resp.headers["Content-Type"] == "application/json" and resp.json()["error"]["code"] == code
-    for method, path, status in (("GET", "/v1/nothing", 404), ("GET", "/v1/chat/completions", 405),
-                                 ("DELETE", "/v1/models", 405)):
+    for method, path, status in (
+        ("GET", "/v1/nothing", 404),
+        ("GET", "/v1/chat/completions", 405),
+        ("DELETE", "/v1/models", 405),
+    ):
         resp = requests.request(method, f"{server.url}{path}", headers={"Authorization": f"Bearer {KEY}"}, timeout=10)
         assert resp.status_code == status and resp.json()["error"]["message"]
     assert requests.get(f"{server.url}/ready", timeout=10).status_code == 200
@@ -224,8 +240,13 @@ class Place(pydantic.BaseModel):
 def test_the_client_parses_structured_output_into_its_model(servers):
     client = servers["b4"].client()
     for seed in range(3):
-        r = client.chat.completions.parse(model=MODEL, messages=[{"role": "user", "content": "A place?"}],
-                                          response_format=Place, max_tokens=40, seed=seed)
+        r = client.chat.completions.parse(
+            model=MODEL,
+            messages=[{"role": "user", "content": "A place?"}],
+            response_format=Place,
+            max_tokens=40,
+            seed=seed,
+        )
         place = r.choices[0].message.parsed
         assert isinstance(place, Place) and r.choices[0].finish_reason == "stop"
 
@@ -239,8 +260,10 @@ def test_n_and_logprobs_through_the_client(servers):
     content = greedy.choices[0].logprobs.content
     assert b"".join(bytes(t.bytes) for t in content).decode(errors="replace") == greedy.choices[0].message.content
     assert all(t.top_logprobs[0].token == t.token for t in content)
-    sampled = [[c.message.content for c in client.chat.completions.create(n=3, temperature=1.5, seed=5, **args).choices]
-               for _ in range(2)]
+    sampled = [
+        [c.message.content for c in client.chat.completions.create(n=3, temperature=1.5, seed=5, **args).choices]
+        for _ in range(2)
+    ]
     assert sampled[0] == sampled[1] and len(set(sampled[0])) > 1
     text = client.completions.create(model=MODEL, prompt="hello", max_tokens=5, temperature=0, logprobs=2)
     assert "".join(text.choices[0].logprobs.tokens) == text.choices[0].text
@@ -249,21 +272,31 @@ def test_n_and_logprobs_through_the_client(servers):
 def test_sigterm_finishes_the_request_in_flight_then_exits(servers):
     """Last in the module: it stops the batch-1 server."""
     server = servers["fp32"]
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "stream": True,
-            "temperature": 0}
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 40,
+        "stream": True,
+        "temperature": 0,
+    }
     with server.post("/v1/chat/completions", body, stream=True) as resp:
         lines = (line for line in resp.iter_lines() if line.startswith(b"data: "))
         next(lines)  # the request is in flight
         server.proc.send_signal(signal.SIGTERM)
         rest = list(lines)
     assert rest[-1] == b"data: [DONE]"
-    assert json.loads(rest[-2][len(b"data: "):])["choices"][0]["finish_reason"] == "length"
+    assert json.loads(rest[-2][len(b"data: ") :])["choices"][0]["finish_reason"] == "length"
     assert server.proc.wait(90) == 0
 
 
 def test_serve_refuses_bad_settings_in_one_line():
-    result = subprocess.run([sys.executable, "build.py", "serve", "/no/such/artifact", "--port", str(free_port())],
-                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "build.py", "serve", "/no/such/artifact", "--port", str(free_port())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 2
     assert result.stderr.startswith("error: GEMMA4_ARTIFACT='/no/such/artifact'") and result.stderr.count("\n") == 1
 
@@ -273,13 +306,21 @@ def test_serve_on_a_port_in_use_is_one_line(compiled):
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run([sys.executable, "build.py", "serve", str(compiled("tiny-e2b", "fp32")), "--port", str(port)],
-                                cwd=ROOT, capture_output=True, text=True, timeout=120)
+        result = subprocess.run(
+            [sys.executable, "build.py", "serve", str(compiled("tiny-e2b", "fp32")), "--port", str(port)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith("error: GEMMA4_HOST=127.0.0.1 GEMMA4_PORT=") and "cannot listen there" in result.stderr
+    assert (
+        result.stderr.startswith("error: GEMMA4_HOST=127.0.0.1 GEMMA4_PORT=") and "cannot listen there" in result.stderr
+    )
 
 
 # -- long prompts on a server with buckets of 8 and 16 in a context of 128 ------------------------
+
 
 @pytest.fixture(scope="module")
 def long_server(compiled, tmp_path_factory):
@@ -318,14 +359,18 @@ def test_a_prompt_five_times_the_largest_bucket_streams_the_reference_continuati
 def test_a_reused_prefix_answers_as_a_fresh_prefill_alone_and_beside_others(long_server):
     base = _ids(60, 1)
     first, second, other = base + _ids(2, 2), base + _ids(10, 3), _ids(70, 4)
-    want = {name: _greedy_text(long_server, ids, STEPS) for name, ids in
-            (("first", first), ("second", second), ("other", other))}
+    want = {
+        name: _greedy_text(long_server, ids, STEPS)
+        for name, ids in (("first", first), ("second", second), ("other", other))
+    }
     before = long_server.metric("gemma4_prefix_tokens_reused_total")
     _stream(long_server, base, 2)  # the slot keeps its KV
     assert _stream(long_server, first, STEPS) == want["first"]  # alone, reusing the 60 shared tokens
     got = {}
-    threads = [threading.Thread(target=lambda n=n, i=i: got.__setitem__(n, _stream(long_server, i, STEPS)))
-               for n, i in (("other", other), ("second", second))]
+    threads = [
+        threading.Thread(target=lambda n=n, i=i: got.__setitem__(n, _stream(long_server, i, STEPS)))
+        for n, i in (("other", other), ("second", second))
+    ]
     for t in threads:
         t.start()
     for t in threads:

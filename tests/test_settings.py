@@ -13,10 +13,18 @@ def test_settings_from_the_environment(tmp_path):
         s.queue_max = 4  # frozen: parsed once at the edge
 
 
-@pytest.mark.parametrize("var,value", [
-    ("GEMMA4_ARTIFACT", None), ("GEMMA4_ARTIFACT", "/no/such/dir"), ("GEMMA4_QUEUE_MAX", "lots"),
-    ("GEMMA4_QUEUE_MAX", "0"), ("GEMMA4_PORT", "70000"), ("GEMMA4_BACKEND", "gpu"), ("GEMMA4_MAX_BODY_BYTES", "10"),
-])
+@pytest.mark.parametrize(
+    "var,value",
+    [
+        ("GEMMA4_ARTIFACT", None),
+        ("GEMMA4_ARTIFACT", "/no/such/dir"),
+        ("GEMMA4_QUEUE_MAX", "lots"),
+        ("GEMMA4_QUEUE_MAX", "0"),
+        ("GEMMA4_PORT", "70000"),
+        ("GEMMA4_BACKEND", "gpu"),
+        ("GEMMA4_MAX_BODY_BYTES", "10"),
+    ],
+)
 def test_a_bad_setting_is_one_error_naming_the_variable(tmp_path, var, value):
     env = {"GEMMA4_ARTIFACT": str(tmp_path)} | {var: value}
     env = {k: v for k, v in env.items() if v is not None}

@@ -12,11 +12,10 @@ import torch
 from rich.console import Console
 from transformers import Gemma4TextConfig
 
-from gemma4_port.source.configs import text_config_for
-from gemma4_port.source.manifest import load_manifest
 from gemma4_port.port.model import Gemma4Decoder, kv_shapes
 from gemma4_port.port.sharding import REPLICATED, SPLIT, ShardingError, shard_model, shard_table
-
+from gemma4_port.source.configs import text_config_for
+from gemma4_port.source.manifest import load_manifest
 from support import MANIFESTS
 
 REAL = ["gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b"]
@@ -44,28 +43,34 @@ def kv_head_read_by_each_query(s) -> list[int]:
 
 # -- the three kinds of mixed heads ---------------------------------------------------------------
 
+
 @pytest.mark.parametrize("name", ["gemma-4-e2b", "gemma-4-e4b"])
 def test_kv_shared_layers_read_their_owners_buffer_with_the_same_rule(name):
     config = real(name)
     assert config.num_kv_shared_layers > 0
     for rank in range(2):
         m = shard_model(config, 2, rank)
-        shared = m.layers[m.first_shared:]
+        shared = m.layers[m.first_shared :]
         assert len(shared) == config.num_kv_shared_layers
         for s in shared:
             owner = m.layers[m.cache_layers[s.cache]]
             assert owner.owns_cache and not s.owns_cache and owner.kind == s.kind
             assert config.kv_sharing_modes[owner.index] == "store"
             # same buffer layout: rule, heads held, first checkpoint head, head_dim
-            assert (s.kv_rule, s.kv_heads, s.kv_start, s.head_dim) == \
-                   (owner.kv_rule, owner.kv_heads, owner.kv_start, owner.head_dim)
+            assert (s.kv_rule, s.kv_heads, s.kv_start, s.head_dim) == (
+                owner.kv_rule,
+                owner.kv_heads,
+                owner.kv_start,
+                owner.head_dim,
+            )
             assert kv_head_read_by_each_query(s) == kv_head_read_by_each_query(owner)
         decoder = meta_decoder(config, 2, rank)
         assert not hasattr(decoder.layers[m.first_shared].self_attn, "k_proj")
 
 
-@pytest.mark.parametrize("name, kind, nkv", [("gemma-4-e4b", "sliding", 2), ("gemma-4-e4b", "full", 2),
-                                             ("gemma-4-12b", "sliding", 8)])
+@pytest.mark.parametrize(
+    "name, kind, nkv", [("gemma-4-e4b", "sliding", 2), ("gemma-4-e4b", "full", 2), ("gemma-4-12b", "sliding", 8)]
+)
 def test_gqa_splits_kv_heads_with_their_whole_query_groups(name, kind, nkv):
     config = real(name)
     nq = config.num_attention_heads
@@ -79,8 +84,10 @@ def test_gqa_splits_kv_heads_with_their_whole_query_groups(name, kind, nkv):
             assert sorted(set(kv_head_read_by_each_query(s))) == list(range(s.kv_start, s.kv_start + s.kv_heads))
 
 
-@pytest.mark.parametrize("name, kind, per_rank_groups", [("gemma-4-e2b", "sliding", 4), ("gemma-4-e2b", "full", 4),
-                                                         ("gemma-4-12b", "full", 8)])
+@pytest.mark.parametrize(
+    "name, kind, per_rank_groups",
+    [("gemma-4-e2b", "sliding", 4), ("gemma-4-e2b", "full", 4), ("gemma-4-12b", "full", 8)],
+)
 def test_undividable_kv_heads_are_replicated_with_groups_from_the_original_counts(name, kind, per_rank_groups):
     config = real(name)
     for rank in range(2):
@@ -118,6 +125,7 @@ def test_the_mapping_check_catches_the_seeds_halved_width_bug():
 
 
 # -- slices and module shapes ---------------------------------------------------------------------
+
 
 def _kind_of(key: str) -> str:
     return key.split(".")[-2]
@@ -171,7 +179,9 @@ def test_each_ranks_module_shapes_are_what_the_plan_says(config, tp):
                 assert tensors[e.name].shape[e.dim] == e.stop - e.start, e.name
         assert kv_shapes(m, 2, 128, 40) == [
             (2, m.layers[i].kv_heads, 40 if m.layers[i].kind == "sliding" else 128, m.layers[i].head_dim)
-            for i in m.cache_layers for _ in (0, 1)]
+            for i in m.cache_layers
+            for _ in (0, 1)
+        ]
 
 
 def test_tp2_halves_the_split_tensors_of_the_real_models(config):
@@ -189,13 +199,16 @@ def test_tp2_halves_the_split_tensors_of_the_real_models(config):
 
 # -- errors and the printable plan ----------------------------------------------------------------
 
+
 def test_a_plan_that_cannot_hold_fails_with_a_clear_error():
     with pytest.raises(ShardingError, match="8 query heads cannot be split over tp=3"):
         shard_model(real("gemma-4-e4b"), 3, 0)
     with pytest.raises(ShardingError, match="rank 2 of tp 2"):
         shard_model(real("gemma-4-e4b"), 2, 2)
-    odd = load_manifest(MANIFESTS / "tiny-e4b.yaml").model.random.config | {"num_attention_heads": 12,
-                                                                                 "num_key_value_heads": 3}
+    odd = load_manifest(MANIFESTS / "tiny-e4b.yaml").model.random.config | {
+        "num_attention_heads": 12,
+        "num_key_value_heads": 3,
+    }
     with pytest.raises(ShardingError, match="3 KV heads neither divide by tp=2 nor keep each rank's 6 query heads"):
         shard_model(Gemma4TextConfig(**odd), 2, 0)  # rank 0's 6 query heads would span 1.5 groups of 4
 

@@ -12,18 +12,32 @@ from jinja2 import TemplateError
 from gemma4_port.source.checkpoint import resolve_checkpoint
 from gemma4_port.source.manifest import load_manifest
 from gemma4_port.source.toy_tokenizer import RESPONSE_SCHEMA, SPECIAL_TOKENS, train_tokenizer
-
 from support import MANIFESTS
 
 Q = '<|"|>'
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "Get the weather",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"}},
-                   "required": ["city"]}}}
-DECLARATION = (f"<|tool>declaration:get_weather{{description:{Q}Get the weather{Q},parameters:{{properties:{{"
-               f"city:{{description:{Q}The city{Q},type:{Q}STRING{Q}}}}},required:[{Q}city{Q}],type:{Q}OBJECT{Q}}}}}<tool|>")
-CALL = {"role": "assistant", "content": "", "tool_calls": [
-    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "Get the weather",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string", "description": "The city"}},
+            "required": ["city"],
+        },
+    },
+}
+DECLARATION = (
+    f"<|tool>declaration:get_weather{{description:{Q}Get the weather{Q},parameters:{{properties:{{"
+    f"city:{{description:{Q}The city{Q},type:{Q}STRING{Q}}}}},required:[{Q}city{Q}],type:{Q}OBJECT{Q}}}}}<tool|>"
+)
+CALL = {
+    "role": "assistant",
+    "content": "",
+    "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}
+    ],
+}
 RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}
 ASK = {"role": "user", "content": "Weather in Paris?"}
 
@@ -54,18 +68,40 @@ def test_control_tokens_are_special_and_never_split(small):
     assert small.eot_token == "<turn|>" and small.escape_token == Q and small.stc_token == "<|tool_call>"
 
 
-@pytest.mark.parametrize("messages,kw,expected", [
-    ([{"role": "user", "content": "Capital of France?"}], {},
-     "<bos><|turn>user\nCapital of France?<turn|>\n<|turn>model\n"),
-    ([{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi"}], {},
-     "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"),
-    ([{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}], {"enable_thinking": True},
-     "<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n"),
-    ([{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "Bye"}],
-     {}, "<bos><|turn>user\nHi<turn|>\n<|turn>model\nHello!<turn|>\n<|turn>user\nBye<turn|>\n<|turn>model\n"),
-    ([ASK], {"tools": [WEATHER]},
-     f"<bos><|turn>system\n{DECLARATION}<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n"),
-])
+@pytest.mark.parametrize(
+    "messages,kw,expected",
+    [
+        (
+            [{"role": "user", "content": "Capital of France?"}],
+            {},
+            "<bos><|turn>user\nCapital of France?<turn|>\n<|turn>model\n",
+        ),
+        (
+            [{"role": "system", "content": " Be brief. "}, {"role": "user", "content": "Hi"}],
+            {},
+            "<bos><|turn>system\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n",
+        ),
+        (
+            [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+            {"enable_thinking": True},
+            "<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n",
+        ),
+        (
+            [
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello!"},
+                {"role": "user", "content": "Bye"},
+            ],
+            {},
+            "<bos><|turn>user\nHi<turn|>\n<|turn>model\nHello!<turn|>\n<|turn>user\nBye<turn|>\n<|turn>model\n",
+        ),
+        (
+            [ASK],
+            {"tools": [WEATHER]},
+            f"<bos><|turn>system\n{DECLARATION}<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n",
+        ),
+    ],
+)
 def test_template_renders_the_documented_turns(small, messages, kw, expected):
     assert render(small, messages, **kw) == expected
 
@@ -82,22 +118,38 @@ def test_tool_call_and_result_continue_one_model_turn(small):
     thinking = render(small, [ASK, CALL, RESULT], tools=[WEATHER], enable_thinking=True)
     assert thinking.endswith(result + "<|channel>thought\n") and "<|think|>\n" in thinking
     # The answer closes the turn; the next user turn starts a new one.
-    later = render(small, [ASK, CALL, RESULT, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Thanks"}],
-                   tools=[WEATHER])
+    later = render(
+        small,
+        [ASK, CALL, RESULT, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Thanks"}],
+        tools=[WEATHER],
+    )
     assert later == head + call + result + "Sunny.<turn|>\n<|turn>user\nThanks<turn|>\n<|turn>model\n"
 
 
 def test_parallel_calls_results_matched_by_id(small):
-    calls = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "a", "type": "function", "function": {"name": "f", "arguments": {"n": 1, "on": True, "x": None}}},
-        {"id": "b", "type": "function", "function": {"name": "g", "arguments": {"l": [1.5, "s"], "o": {"k": "v"}}}}]}
-    text = render(small, [ASK, calls, {"role": "tool", "tool_call_id": "b", "content": "two"},
-                          {"role": "tool", "tool_call_id": "a", "content": "one"}])
+    calls = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "a", "type": "function", "function": {"name": "f", "arguments": {"n": 1, "on": True, "x": None}}},
+            {"id": "b", "type": "function", "function": {"name": "g", "arguments": {"l": [1.5, "s"], "o": {"k": "v"}}}},
+        ],
+    }
+    text = render(
+        small,
+        [
+            ASK,
+            calls,
+            {"role": "tool", "tool_call_id": "b", "content": "two"},
+            {"role": "tool", "tool_call_id": "a", "content": "one"},
+        ],
+    )
     assert text.endswith(
         "<|turn>model\n<|tool_call>call:f{n:1,on:true,x:null}<tool_call|>"
         f"<|tool_call>call:g{{l:[1.5,{Q}s{Q}],o:{{k:{Q}v{Q}}}}}<tool_call|>"
         f"<|tool_response>response:g{{value:{Q}two{Q}}}<tool_response|>"
-        f"<|tool_response>response:f{{value:{Q}one{Q}}}<tool_response|>")
+        f"<|tool_response>response:f{{value:{Q}one{Q}}}<tool_response|>"
+    )
 
 
 def test_thoughts_are_replayed_only_after_the_last_user_turn(small):
@@ -106,8 +158,11 @@ def test_thoughts_are_replayed_only_after_the_last_user_turn(small):
     text = render(small, [ASK, old, {"role": "user", "content": "again"}, new], add_generation_prompt=False)
     assert "old thought" not in text and "<|channel>thought\nnew thought\n<channel|>B<turn|>\n" in text
     # Thoughts left inside content are never replayed either.
-    stripped = render(small, [ASK, {"role": "assistant", "content": "<|channel>thought\nhmm<channel|>Paris."}],
-                      add_generation_prompt=False)
+    stripped = render(
+        small,
+        [ASK, {"role": "assistant", "content": "<|channel>thought\nhmm<channel|>Paris."}],
+        add_generation_prompt=False,
+    )
     assert stripped.endswith("<|turn>model\nParis.<turn|>\n")
 
 

@@ -12,9 +12,9 @@ import pytest
 
 from gemma4_port.source.toy_tokenizer import train_tokenizer
 from runtime.api.chat import Tool
-from runtime.generate.grammar import Grammar, Grammars
 from runtime.api.reply_parser import ReplyParser, ToolCall
 from runtime.api.tool_grammar import forced_calls
+from runtime.generate.grammar import Grammar, Grammars
 
 PARAMS = {
     "type": "object",
@@ -24,20 +24,36 @@ PARAMS = {
         "days": {"type": "integer"},
         "scale": {"type": "number"},
         "detailed": {"type": "boolean"},
-        "tags": {"type": "array", "items": {"type": "string", "minLength": 1, "maxLength": 3}, "minItems": 1, "maxItems": 2},
+        "tags": {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1, "maxLength": 3},
+            "minItems": 1,
+            "maxItems": 2,
+        },
         "note": {"type": ["string", "null"], "maxLength": 4},
-        "where": {"type": "object", "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
-                  "required": ["lat", "lon"]},
+        "where": {
+            "type": "object",
+            "properties": {"lat": {"type": "number"}, "lon": {"type": "number"}},
+            "required": ["lat", "lon"],
+        },
         "mode": {"const": "fast"},
     },
     "required": ["city", "unit"],
 }
-TOOLS = [Tool.model_validate(t) for t in (
-    {"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}},
-    {"type": "function", "function": {"name": "now"}},
-    {"type": "function", "function": {"name": "count", "parameters": {
-        "type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}}},
-)]
+TOOLS = [
+    Tool.model_validate(t)
+    for t in (
+        {"type": "function", "function": {"name": "get_weather", "parameters": PARAMS}},
+        {"type": "function", "function": {"name": "now"}},
+        {
+            "type": "function",
+            "function": {
+                "name": "count",
+                "parameters": {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]},
+            },
+        },
+    )
+]
 
 
 @pytest.fixture(scope="module")

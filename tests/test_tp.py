@@ -13,12 +13,11 @@ import torch
 from contract.artifact import load_meta
 from contract.dtypes import DTYPES
 from contract.hostside import HostInputs, HostTables
-from runtime.model.ranks import TensorParallelError
-from gemma4_port.source.checkpoint import CheckpointReader, read_text_config
 from gemma4_port.port.model import kv_shapes
 from gemma4_port.port.sharding import REPLICATED, SPLIT, shard_model
+from gemma4_port.source.checkpoint import CheckpointReader, read_text_config
 from runtime.model.loader import load_artifact
-
+from runtime.model.ranks import TensorParallelError
 from support.cli import verify
 from support.copies import check_copied, planted_kv
 from support.processes import gone
@@ -26,9 +25,11 @@ from support.processes import gone
 # One compile per tiny manifest; tiny-e4b is checked at bf16 with two batch slots.
 CASES = [("tiny-e2b", "tp2"), ("tiny-e4b", "tp2-bf16"), ("tiny-12b", "tp2")]
 # The rule each tiny model's K/V must get, per attention kind (written out, not taken from the plan).
-KV_RULE = {"tiny-e2b": {"sliding": REPLICATED, "full": REPLICATED},  # nkv 1
-           "tiny-e4b": {"sliding": SPLIT, "full": SPLIT},  # nkv 2
-           "tiny-12b": {"sliding": SPLIT, "full": REPLICATED}}  # nkv 8, global nkv 1 with k_eq_v
+KV_RULE = {
+    "tiny-e2b": {"sliding": REPLICATED, "full": REPLICATED},  # nkv 1
+    "tiny-e4b": {"sliding": SPLIT, "full": SPLIT},  # nkv 2
+    "tiny-12b": {"sliding": SPLIT, "full": REPLICATED},
+}  # nkv 8, global nkv 1 with k_eq_v
 HALVED = ("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SPLIT_DIM = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0, "o_proj": 1, "down_proj": 1}
 

@@ -8,9 +8,8 @@ import torch
 from contract.artifact import load_meta
 from contract.dtypes import DTYPES
 from contract.hostside import HostInputs, HostTables
-from gemma4_port.source.checkpoint import CheckpointReader
 from gemma4_port.compile.tracing import EXAMPLE_TOKEN, example_inputs, host_tables
-
+from gemma4_port.source.checkpoint import CheckpointReader
 from support.builds import setup
 from support.copies import check_copied, planted_kv
 
@@ -19,8 +18,16 @@ def test_cpu_graphs_are_methods_of_one_module_sharing_one_copy_of_the_weights(co
     folder = compiled("tiny-e2b", "b4")
     meta = load_meta(folder)
     # a prefill per chunk bucket and key bucket that holds it: 16 over 32 or 64 keys, 32 over 32 or 64
-    assert set(meta.graphs) == {"prefill_16_32", "prefill_16_64", "prefill_32_32", "prefill_32_64", "decode_32",
-                                "decode_64", "copy_32", "copy_64"}  # a fork's copy per key bucket (batch 4)
+    assert set(meta.graphs) == {
+        "prefill_16_32",
+        "prefill_16_64",
+        "prefill_32_32",
+        "prefill_32_64",
+        "decode_32",
+        "decode_64",
+        "copy_32",
+        "copy_64",
+    }  # a fork's copy per key bucket (batch 4)
     assert set(meta.graphs.values()) == {"graphs/graphs.pt"}
     state = torch.jit.load(str(folder / "graphs/graphs.pt")).state_dict()
     weight = "decoder.layers.0.mlp.up_proj.weight"

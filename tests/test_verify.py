@@ -8,10 +8,9 @@ import pytest
 
 from contract.artifact import load_meta, sha256, write_raw
 from gemma4_port.compile.backends import compile_artifact
-from gemma4_port.source.manifest import load_manifest, parse_manifest
-from gemma4_port.port.model import Gemma4Decoder
 from gemma4_port.compile.tracing import CompileError
-
+from gemma4_port.port.model import Gemma4Decoder
+from gemma4_port.source.manifest import load_manifest, parse_manifest
 from support import MANIFESTS
 from support.cli import verify
 
@@ -30,8 +29,16 @@ def test_compile_then_verify_matches_the_float_reference(compiled, name, variant
     result = verify(compiled(name, variant))
     assert result.returncode == 0, result.stdout + result.stderr
     rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
-    for case in ("golden:chat", "random:bucket-16", "random:bucket-32", "random:cross-window", "random:to-kv_max",
-                 "random:1.5x-bucket", "random:kv_max-8", "turns:reuse-prefix"):
+    for case in (
+        "golden:chat",
+        "random:bucket-16",
+        "random:bucket-32",
+        "random:cross-window",
+        "random:to-kv_max",
+        "random:1.5x-bucket",
+        "random:kv_max-8",
+        "turns:reuse-prefix",
+    ):
         assert any(case in row for row in rows), case
     assert "0 failed" in result.stdout
     if variant == "fp32":
@@ -62,9 +69,15 @@ def test_long_prompts_reuse_and_chunk_stages_match(compiled, name, variant):
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("│")}
     # key buckets 16, 64 (and 128 at tp 1): 19 and 67 tokens end a chunk at 16 (64), the next runs over 64 (128)
-    for case, length in (("random:1.5x-bucket", 24), ("random:3x-bucket", 48), ("random:kv_max-8", kv_max - 8),
-                         ("stages:random:kv_max-8", kv_max - 8), ("stages:random:short", 3), ("random:keys-16+3", 19),
-                         *((("random:keys-64+3", 67),) if kv_max == 128 else ())):
+    for case, length in (
+        ("random:1.5x-bucket", 24),
+        ("random:3x-bucket", 48),
+        ("random:kv_max-8", kv_max - 8),
+        ("stages:random:kv_max-8", kv_max - 8),
+        ("stages:random:short", 3),
+        ("random:keys-16+3", 19),
+        *((("random:keys-64+3", 67),) if kv_max == 128 else ()),
+    ):
         assert rows[case].split("│")[2].strip() == str(length) and "│ True " in rows[case], case
     turn = rows["turns:reuse-prefix"].split("│")[2].strip()  # "37 (31 reused)": the first turn and its reply
     assert turn.endswith("reused)") and int(turn.split("(")[1].split()[0]) > 16, turn
@@ -74,12 +87,27 @@ def test_long_prompts_reuse_and_chunk_stages_match(compiled, name, variant):
 def test_any_random_config_works(tmp_path):
     """Not just the three shipped shapes: no PLE, GQA 6:2, k_eq_v off, window 4, only 4 layers."""
     data = {
-        "name": "odd", "toolchain": load_manifest(MANIFESTS / "tiny-e2b.yaml").toolchain.model_dump(),
-        "model": {"random": {"seed": 5, "config": {
-            "vocab_size": 512, "hidden_size": 48, "intermediate_size": 96, "num_hidden_layers": 4,
-            "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
-            "num_attention_heads": 6, "num_key_value_heads": 2, "head_dim": 8, "global_head_dim": 16,
-            "sliding_window": 4, "hidden_size_per_layer_input": 0, "final_logit_softcapping": 30.0}}},
+        "name": "odd",
+        "toolchain": load_manifest(MANIFESTS / "tiny-e2b.yaml").toolchain.model_dump(),
+        "model": {
+            "random": {
+                "seed": 5,
+                "config": {
+                    "vocab_size": 512,
+                    "hidden_size": 48,
+                    "intermediate_size": 96,
+                    "num_hidden_layers": 4,
+                    "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+                    "num_attention_heads": 6,
+                    "num_key_value_heads": 2,
+                    "head_dim": 8,
+                    "global_head_dim": 16,
+                    "sliding_window": 4,
+                    "hidden_size_per_layer_input": 0,
+                    "final_logit_softcapping": 30.0,
+                },
+            }
+        },
         "variants": [{"name": "v", "buckets": [6, 16], "kv_max": 24, "dtype": "float32"}],
     }
     manifest = parse_manifest(data, "inline")

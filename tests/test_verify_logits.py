@@ -11,13 +11,14 @@ from rich.console import Console
 
 from contract.artifact import load_meta
 from contract.logit_error import BOUNDS
-from gemma4_port.port import model as port
 from gemma4_port.compile.backends import compile_artifact
+from gemma4_port.port import model as port
 from gemma4_port.source.manifest import load_manifest
 from gemma4_port.verify.run import verify_artifact
 from runtime.model.loader import SelfTestFailed, load_artifact
 from support import MANIFESTS
 from support.artifact_copies import with_rope_scaled
+
 
 def verify_json(folder: Path, tmp_path: Path, long: bool = False) -> tuple[int, dict]:
     out = tmp_path / "verify.json"
@@ -51,20 +52,23 @@ def test_global_rotary_raised_3_percent_fails_though_every_token_matches(compile
 
 def test_missed_scale_in_the_graph_fails(compiled, monkeypatch, tmp_path):
     """The PLE mix without its 2 ** -0.5: a norm after it hides most of the error (1e-3 of the logits)."""
+
     def project_ple_unscaled(self, h, ple):
         B, S, _ = h.shape
-        proj = self.per_layer_model_projection(h) * (self.shard.hidden ** -0.5)  # (B, S, L*P)
+        proj = self.per_layer_model_projection(h) * (self.shard.hidden**-0.5)  # (B, S, L*P)
         shard = self.shard
         return self.per_layer_projection_norm(proj.view(B, S, shard.num_layers, shard.ple_dim)) + ple  # (B, S, L, P)
 
-    folder = compiled_with(monkeypatch, tmp_path, "tiny-e2b", "fp32", port.Gemma4Decoder, "project_ple",
-                           project_ple_unscaled)
+    folder = compiled_with(
+        monkeypatch, tmp_path, "tiny-e2b", "fp32", port.Gemma4Decoder, "project_ple", project_ple_unscaled
+    )
     code, report = verify_json(folder, tmp_path)
     assert code == 1 and any(row["verdict"] == "LOGITS" for row in passed_before(report))
 
 
 def test_final_norm_in_bf16_fails_a_float32_artifact(compiled, monkeypatch, tmp_path):
     """A compiler's auto-cast of the final RMSNorm to bf16 in a float32 graph."""
+
     def logits_bf16_norm(self, h_last):
         return self.lm_head(self.norm(h_last.to(torch.bfloat16)).to(h_last.dtype))
 
@@ -120,8 +124,8 @@ def test_golden_steps_come_from_the_reference_alone(compiled):
     """What the self-test judges by is the float reference's, stored at compile time: no device run
     goes into it, so a compile where the graphs cannot run (Neuron inside `docker build`) stores the
     same data."""
-    from gemma4_port.verify.reference import load_reference, reference_greedy
     from contract.logit_error import GOLDEN_TOP
+    from gemma4_port.verify.reference import load_reference, reference_greedy
 
     meta = load_meta(compiled("tiny-e2b", "bf16"))
     reference = load_reference(Path(meta.checkpoint))

@@ -6,11 +6,21 @@ from pathlib import Path
 import pytest
 
 from contract.versions import (
-    VersionMismatch, check_driver, check_versions, driver_problem, matches_pin, pin_problems, version_problems,
+    VersionMismatch,
+    check_driver,
+    check_versions,
+    driver_problem,
+    matches_pin,
+    pin_problems,
+    version_problems,
 )
 
-RECORDED = {"neuronx-cc": "2.23.6484.0+3b612583", "torch-neuronx": "2.8.0.2.10.16998",
-            "aws-neuronx-runtime-lib": "2.30.50.0-0d3ac3dfc", "torch": "2.8.0"}
+RECORDED = {
+    "neuronx-cc": "2.23.6484.0+3b612583",
+    "torch-neuronx": "2.8.0.2.10.16998",
+    "aws-neuronx-runtime-lib": "2.30.50.0-0d3ac3dfc",
+    "torch": "2.8.0",
+}
 
 
 def test_version_check_compares_recorded_and_installed():
@@ -33,7 +43,8 @@ def test_a_pin_admits_one_build_only():
     assert not matches_pin("2.8.0.2.12.22436", "2.8.0.2.11.19912")  # SDK 2.27's build
     assert not matches_pin("2.8.0", "2.8.0.2.12.22436")
     assert pin_problems({"torch-neuronx": "2.8.0.2.12.22436"}, {"torch-neuronx": "2.8.0.2.10.16998"}) == [
-        "torch-neuronx 2.8.0.2.10.16998 (manifest pins 2.8.0.2.12.22436)"]
+        "torch-neuronx 2.8.0.2.10.16998 (manifest pins 2.8.0.2.12.22436)"
+    ]
 
 
 def test_the_driver_check_says_what_to_update():

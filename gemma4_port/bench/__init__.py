@@ -26,12 +26,11 @@ from rich.console import Console
 
 from contract.artifact import load_meta
 from contract.tokenizer import load_tokenizer
-
 from gemma4_port import MANIFESTS
-from gemma4_port.source.manifest import Manifest, Variant, load_manifest, parse_manifest
 from gemma4_port.bench import batching, concurrency, constrained, host_overhead, longctx, memory, report, throughput
 from gemma4_port.bench.errors import BenchError
 from gemma4_port.bench.server import Server
+from gemma4_port.source.manifest import Manifest, Variant, load_manifest, parse_manifest
 
 SCALE_MANIFEST = {"tiny": MANIFESTS / "tiny-e2b.yaml", "small": MANIFESTS / "small-e2b.yaml"}
 MB = 1 << 20
@@ -54,12 +53,32 @@ class Settings:
 
 
 SCALES = {
-    "tiny": Settings("tiny", new_tokens=32, repeats=5, warmup_calls=3, host_steps=1000, streams=(1, 2, 4, 8),
-                     requests_per_stream=4, server_passes=3, max_tokens=24, batching_rounds=6,
-                     long_rounds=6),
-    "small": Settings("small", new_tokens=24, repeats=3, warmup_calls=3, host_steps=1000, streams=(1, 2, 4, 8),
-                      requests_per_stream=2, server_passes=2, max_tokens=16, batching_rounds=3,
-                      long_rounds=3),
+    "tiny": Settings(
+        "tiny",
+        new_tokens=32,
+        repeats=5,
+        warmup_calls=3,
+        host_steps=1000,
+        streams=(1, 2, 4, 8),
+        requests_per_stream=4,
+        server_passes=3,
+        max_tokens=24,
+        batching_rounds=6,
+        long_rounds=6,
+    ),
+    "small": Settings(
+        "small",
+        new_tokens=24,
+        repeats=3,
+        warmup_calls=3,
+        host_steps=1000,
+        streams=(1, 2, 4, 8),
+        requests_per_stream=2,
+        server_passes=2,
+        max_tokens=16,
+        batching_rounds=3,
+        long_rounds=3,
+    ),
 }
 
 
@@ -72,11 +91,14 @@ def _compile(manifest: Manifest, variant: Variant, work: Path, backend: str, con
 
 def _variant(manifest: Manifest, batch: int, like: Variant) -> Variant:
     """The manifest's single-rank variant with `batch` slots, preferring `like`'s dtype."""
-    found = sorted((v for v in manifest.variants if v.batch == batch and v.tp == 1),
-                   key=lambda v: v.dtype != like.dtype)
+    found = sorted(
+        (v for v in manifest.variants if v.batch == batch and v.tp == 1), key=lambda v: v.dtype != like.dtype
+    )
     if not found:
-        raise BenchError(f"manifest {manifest.name} has no tp=1 variant with batch {batch}; the concurrency "
-                         f"benchmark needs one (variants: {[v.name for v in manifest.variants]})")
+        raise BenchError(
+            f"manifest {manifest.name} has no tp=1 variant with batch {batch}; the concurrency "
+            f"benchmark needs one (variants: {[v.name for v in manifest.variants]})"
+        )
     return found[0]
 
 
@@ -115,8 +137,10 @@ def _serve(paths: dict[str, Path], settings: Settings, logs: Path, console: Cons
     `server_passes` times, alternating which server goes first: a drift of the machine hits both
     alike. -> (per label: load, memory, levels, imports; per label: chunk gaps in ms)."""
     metas = {label: load_meta(path) for label, path in paths.items()}
-    servers = {label: Server(path, logs, settings.ready_timeout_s, server_env(metas[label].backend, i))
-               for i, (label, path) in enumerate(paths.items())}
+    servers = {
+        label: Server(path, logs, settings.ready_timeout_s, server_env(metas[label].backend, i))
+        for i, (label, path) in enumerate(paths.items())
+    }
     out: dict[str, dict] = {}
     gaps: dict[str, list[float]] = {label: [] for label in servers}
     with contextlib.ExitStack() as stack:
@@ -126,20 +150,31 @@ def _serve(paths: dict[str, Path], settings: Settings, logs: Path, console: Cons
             server.start()
         for label, server in servers.items():
             server.wait_ready()
-            out[label] = {"artifact": str(server.folder), "batch": metas[label].geometry.batch,
-                          "load_s": server.load_s, "rss_mb": server.rss() / MB, "peak_rss_mb": server.peak_rss() / MB,
-                          "master_rss_mb": server.master_rss() / MB, "levels": []}
+            out[label] = {
+                "artifact": str(server.folder),
+                "batch": metas[label].geometry.batch,
+                "load_s": server.load_s,
+                "rss_mb": server.rss() / MB,
+                "peak_rss_mb": server.peak_rss() / MB,
+                "master_rss_mb": server.master_rss() / MB,
+                "levels": [],
+            }
         for n in settings.streams:
             runs: dict[str, list[concurrency.Run]] = {label: [] for label in servers}
             for p in range(settings.server_passes):
-                for label in (list(servers) if p % 2 == 0 else list(reversed(servers))):
+                for label in list(servers) if p % 2 == 0 else list(reversed(servers)):
                     server = servers[label]
-                    runs[label].append(concurrency.drive(server.url, server.model, n, settings.requests_per_stream,
-                                                         settings.max_tokens))
+                    runs[label].append(
+                        concurrency.drive(
+                            server.url, server.model, n, settings.requests_per_stream, settings.max_tokens
+                        )
+                    )
             for label, passes in runs.items():
                 row, g = concurrency.level(passes)
-                console.log(f"server {label}: {n} stream(s): {row['tok_s']:.1f} tok/s over {len(passes)} passes "
-                            f"{row['pass_tok_s']}, {row['rejected_503']} rejected")
+                console.log(
+                    f"server {label}: {n} stream(s): {row['tok_s']:.1f} tok/s over {len(passes)} passes "
+                    f"{row['pass_tok_s']}, {row['rejected_503']} rejected"
+                )
                 out[label]["levels"].append(row)
                 gaps[label] += g
         for label, server in servers.items():
@@ -152,18 +187,29 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
     console = console or Console()
     meta = load_meta(folder)
     if not Path(meta.checkpoint).is_dir():
-        raise BenchError(f"{folder} was compiled from {meta.checkpoint}, which is gone: transformers needs that "
-                         "checkpoint for the comparison (recompile the artifact)")
-    result: dict = {"meta": {
-        "scale": settings.scale, "settings": asdict(settings), "artifact": str(folder),
-        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "cpus": os.cpu_count(), "platform": platform.platform(), "python": platform.python_version(),
-        "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
-        "omp_num_threads": os.environ.get("OMP_NUM_THREADS"), "load_average_start": os.getloadavg(),
-    }}
+        raise BenchError(
+            f"{folder} was compiled from {meta.checkpoint}, which is gone: transformers needs that "
+            "checkpoint for the comparison (recompile the artifact)"
+        )
+    result: dict = {
+        "meta": {
+            "scale": settings.scale,
+            "settings": asdict(settings),
+            "artifact": str(folder),
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+            "load_average_start": os.getloadavg(),
+        }
+    }
     console.log(f"throughput: {meta.name}/{meta.variant}, ours vs transformers, {settings.repeats} interleaved repeats")
     result["throughput"], token_ms = in_child(
-        throughput.measure, folder, settings.new_tokens, settings.repeats, settings.warmup_calls)
+        throughput.measure, folder, settings.new_tokens, settings.repeats, settings.warmup_calls
+    )
     console.log(f"host overhead: {settings.host_steps} steps per sampler at the real vocabulary")
     result["host_overhead"] = host_overhead.measure(load_tokenizer(folder / "tokenizer"), settings.host_steps)
     console.log(f"constrained decoding and logprobs: {settings.host_steps} steps each at the real vocabulary")
@@ -173,19 +219,27 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
     servers, gaps = _serve({"b1": b1, "b4": b4}, settings, work / "logs", console)
     samples = {"ours (in-process)": token_ms["ours"], "transformers generate": token_ms["transformers"]}
     samples |= {f"server {label} (chunk gaps)": g for label, g in gaps.items()}
-    result["concurrency"] = {"max_tokens": settings.max_tokens, "requests_per_stream": settings.requests_per_stream,
-                             "server_passes": settings.server_passes, "servers": servers,
-                             "b4_over_b1_at_4_streams": report.batching_ratio({"servers": servers})}
+    result["concurrency"] = {
+        "max_tokens": settings.max_tokens,
+        "requests_per_stream": settings.requests_per_stream,
+        "server_passes": settings.server_passes,
+        "servers": servers,
+        "b4_over_b1_at_4_streams": report.batching_ratio({"servers": servers}),
+    }
     console.log(f"long prompts: prefix reuse (batch 1) and chunked prefill (batch 4), {settings.long_rounds} rounds")
-    result["long_context"] = longctx.measure(b1, b4, work / "logs" / "long", settings.long_rounds,
-                                             settings.ready_timeout_s)
+    result["long_context"] = longctx.measure(
+        b1, b4, work / "logs" / "long", settings.long_rounds, settings.ready_timeout_s
+    )
     console.log("memory: a process that loads the checkpoint with transformers")
     b1_meta = load_meta(b1)
     mem = memory.measure(b1, b1_meta)
-    mem |= {"server_artifact": str(b1), "server_rss_mb": servers["b1"]["rss_mb"],
-            "server_peak_rss_mb": servers["b1"]["peak_rss_mb"],
-            "server_model_module_imported": servers["b1"]["imports"]["transformers_model_module_imported"],
-            "budget_mb": mem["host_tables_mb"] + mem["graph_files_mb"] + report.MEMORY_SLACK_MB}
+    mem |= {
+        "server_artifact": str(b1),
+        "server_rss_mb": servers["b1"]["rss_mb"],
+        "server_peak_rss_mb": servers["b1"]["peak_rss_mb"],
+        "server_model_module_imported": servers["b1"]["imports"]["transformers_model_module_imported"],
+        "budget_mb": mem["host_tables_mb"] + mem["graph_files_mb"] + report.MEMORY_SLACK_MB,
+    }
     result["memory"] = mem
     result["meta"]["load_average_end"] = os.getloadavg()
     result["samples"] = {"token_ms": {k: [round(x, 3) for x in v] for k, v in samples.items()}}
@@ -198,8 +252,10 @@ def bench_main(args) -> int:
     if not console.is_terminal:  # a log file: room for the widest table rather than 80 columns
         console = Console(width=170)
     if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
-        console.log(f"note: torch uses {torch.get_num_threads()} threads here and so will the servers; on a small or "
-                    "busy host its thread pool stalls (measured up to 10x slower): try OMP_NUM_THREADS=1")
+        console.log(
+            f"note: torch uses {torch.get_num_threads()} threads here and so will the servers; on a small or "
+            "busy host its thread pool stalls (measured up to 10x slower): try OMP_NUM_THREADS=1"
+        )
     json_out = Path(args.json_out or f"artifacts/bench-{settings.scale}.json")
     with tempfile.TemporaryDirectory(prefix="gemma4-bench-") as tmp:
         work = Path(tmp)

@@ -16,10 +16,9 @@ import time
 from pathlib import Path
 
 from contract.greedy import argmax
-from runtime.model.loader import load_artifact
-
 from gemma4_port.bench.concurrency import PROMPTS
 from gemma4_port.bench.stats import ratio, summary
+from runtime.model.loader import load_artifact
 
 # TorchScript profiles a graph on its first call and optimises it on the second; a batch-1 artifact
 # prefills once per round.
@@ -61,8 +60,11 @@ def measure(b1: Path, b4: Path, tokens: int, rounds: int) -> dict:
                     samples[label][1].extend(steps)
         out = {"prompt_tokens": len(ids), "new_tokens": tokens, "rounds": rounds}
         for label, (prefills, steps) in samples.items():
-            out[label] = {"batch": loaded[label].meta.geometry.batch, "step_ms": summary(steps, 1e3),
-                          "prefill_ms": summary(prefills, 1e3)}
+            out[label] = {
+                "batch": loaded[label].meta.geometry.batch,
+                "step_ms": summary(steps, 1e3),
+                "prefill_ms": summary(prefills, 1e3),
+            }
     finally:
         for m in loaded.values():
             m.close()

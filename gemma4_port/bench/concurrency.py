@@ -35,10 +35,17 @@ class Outcome:
         return self.status == 200 and not self.error
 
 
-def stream_completion(session: requests.Session, url: str, model: str, prompt: str, max_tokens: int,
-                      timeout_s: float) -> Outcome:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True}}
+def stream_completion(
+    session: requests.Session, url: str, model: str, prompt: str, max_tokens: int, timeout_s: float
+) -> Outcome:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
     t0 = time.perf_counter()
     try:
         with session.post(url + "/v1/completions", json=body, stream=True, timeout=timeout_s) as r:
@@ -71,8 +78,9 @@ class Run:
     wall_s: float
 
 
-def drive(url: str, model: str, streams: int, requests_per_stream: int, max_tokens: int,
-          timeout_s: float = 600.0) -> Run:
+def drive(
+    url: str, model: str, streams: int, requests_per_stream: int, max_tokens: int, timeout_s: float = 600.0
+) -> Run:
     """`streams` clients, each sending `requests_per_stream` streamed completions back to back."""
     outcomes: list[Outcome] = []
     lock = threading.Lock()
@@ -105,10 +113,16 @@ def level(runs: list[Run]) -> tuple[dict, list[float]]:
     tokens = sum(o.tokens for o in done)
     errors = [o for o in outcomes if o.status not in (200, 503) or o.error]
     row = {
-        "streams": runs[0].streams, "passes": len(runs), "requests": len(outcomes), "completed": len(done),
-        "rejected_503": sum(o.status == 503 for o in outcomes), "errors": len(errors),
+        "streams": runs[0].streams,
+        "passes": len(runs),
+        "requests": len(outcomes),
+        "completed": len(done),
+        "rejected_503": sum(o.status == 503 for o in outcomes),
+        "errors": len(errors),
         "first_error": errors[0].error if errors else "",
-        "tokens": tokens, "wall_s": wall, "tok_s": tokens / wall,
+        "tokens": tokens,
+        "wall_s": wall,
+        "tok_s": tokens / wall,
         "pass_tok_s": [round(sum(o.tokens for o in run.outcomes if o.completed) / run.wall_s, 2) for run in runs],
         "ttft_ms": summary((o.ttft for o in done if o.ttft is not None), 1e3),
         "chunk_gap_ms": summary((g for o in done for g in o.gaps), 1e3),

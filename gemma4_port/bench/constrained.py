@@ -16,15 +16,15 @@ import time
 
 import torch
 
+from gemma4_port.bench.host_overhead import DEVICE_STEP_MS, logit_rows, real_geometry
+from gemma4_port.bench.stats import summary
 from runtime.generate.grammar import Grammar, Grammars
 from runtime.generate.logits import Controls, TokenChooser, logprobs
 from runtime.generate.sampling import SamplingParams, sample
 
-from gemma4_port.bench.host_overhead import DEVICE_STEP_MS, logit_rows, real_geometry
-from gemma4_port.bench.stats import summary
-
 SCHEMA = {  # a typical extraction schema: strings, a bounded integer, an enum, an array, a nested object
-    "type": "object", "additionalProperties": False,
+    "type": "object",
+    "additionalProperties": False,
     "required": ["name", "age", "tags", "kind", "ok", "address"],
     "properties": {
         "name": {"type": "string", "maxLength": 24},
@@ -32,9 +32,15 @@ SCHEMA = {  # a typical extraction schema: strings, a bounded integer, an enum, 
         "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 4},
         "kind": {"enum": ["cat", "dog", "bird"]},
         "ok": {"type": "boolean"},
-        "address": {"type": "object", "additionalProperties": False, "required": ["city", "zip"],
-                    "properties": {"city": {"type": "string", "maxLength": 16},
-                                   "zip": {"type": "string", "pattern": "^[0-9]{5}$"}}},
+        "address": {
+            "type": "object",
+            "additionalProperties": False,
+            "required": ["city", "zip"],
+            "properties": {
+                "city": {"type": "string", "maxLength": 16},
+                "zip": {"type": "string", "pattern": "^[0-9]{5}$"},
+            },
+        },
     },
 }
 GREEDY = SamplingParams(temperature=0.0)
@@ -54,9 +60,15 @@ def synthetic_tokenizer(vocab: int, seed: int = 0):
     for s in ("<pad>", "<eos>", "<bos>", "<unk>", *(byte_char[b] for b in range(256))):
         ids.setdefault(s, len(ids))
     syllables = [a + b for a in "bcdfghjklmnprstvwxyz" for b in "aeiou"] + ["th", "ng", "qu", "sh", "ch", "st", "er"]
-    scripts = ((0x4E00, 0x9FFF), (0x0400, 0x04FF), (0x3040, 0x30FF), (0x0600, 0x06FF), (0xAC00, 0xD7A3),
-               (0x00C0, 0x024F))
-    punct = '{}[]":,.;!?()<>-_/\\\'=+*&%$#@`~|^'
+    scripts = (
+        (0x4E00, 0x9FFF),
+        (0x0400, 0x04FF),
+        (0x3040, 0x30FF),
+        (0x0600, 0x06FF),
+        (0xAC00, 0xD7A3),
+        (0x00C0, 0x024F),
+    )
+    punct = "{}[]\":,.;!?()<>-_/\\'=+*&%$#@`~|^"
     while len(ids) < vocab:
         r = rng.random()
         if r < 0.55:
@@ -76,8 +88,9 @@ def synthetic_tokenizer(vocab: int, seed: int = 0):
     tok = Tokenizer(models.BPE(vocab=ids, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>",
-                                   pad_token="<pad>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>"
+    )
 
 
 def constrained_walk(grammars: Grammars, grammar: Grammar, rows: list[torch.Tensor], steps: int, cap: float | None):
@@ -117,13 +130,20 @@ def measure(steps: int, seed: int = 0) -> dict:
     torch.set_grad_enabled(False)
     geo = real_geometry()
     gen = torch.Generator().manual_seed(seed)
-    rows = [r[0] for r in logit_rows("peaked", geo.vocab, torch.bfloat16 if geo.dtype == "bfloat16" else torch.float32,
-                                     gen)]
+    rows = [
+        r[0] for r in logit_rows("peaked", geo.vocab, torch.bfloat16 if geo.dtype == "bfloat16" else torch.float32, gen)
+    ]
     t0 = time.perf_counter()
     grammars = Grammars(synthetic_tokenizer(geo.vocab, seed), geo.vocab, EOS)
     setup_s = time.perf_counter() - t0
-    out: dict = {"vocab": geo.vocab, "steps": steps, "device_step_ms": DEVICE_STEP_MS,
-                 "grammar_engine": "llguidance", "tokenizer_setup_s": setup_s, "cases": {}}
+    out: dict = {
+        "vocab": geo.vocab,
+        "steps": steps,
+        "device_step_ms": DEVICE_STEP_MS,
+        "grammar_engine": "llguidance",
+        "tokenizer_setup_s": setup_s,
+        "cases": {},
+    }
     greedy = []
     for i in range(steps):
         t1 = time.perf_counter()
@@ -136,8 +156,12 @@ def measure(steps: int, seed: int = 0) -> dict:
         first_s = time.perf_counter() - t1
         mask_s, step_s, done, parsed = constrained_walk(grammars, grammar, rows, steps, geo.softcap)
         out["cases"][f"greedy + grammar ({name})"] = {
-            "mask_us": summary(mask_s, 1e6), "step_us": summary(step_s, 1e6), "matcher_setup_ms": first_s * 1e3,
-            "outputs_completed": done, "outputs_parsed": parsed}
+            "mask_us": summary(mask_s, 1e6),
+            "step_us": summary(step_s, 1e6),
+            "matcher_setup_ms": first_s * 1e3,
+            "outputs_completed": done,
+            "outputs_parsed": parsed,
+        }
     for k in (0, 20):
         times = []
         for i in range(steps):

@@ -17,15 +17,14 @@ import torch
 from contract.dtypes import DTYPES
 from contract.greedy import softcap
 from contract.hostside import HostInputs
-from runtime.generate.detok import TextStream
-from runtime.generate.sampling import SamplingParams, sample
-
 from gemma4_port import MANIFESTS, ROOT
+from gemma4_port.bench.stats import summary
+from gemma4_port.compile.tracing import geometry
+from gemma4_port.port.sharding import shard_model
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
-from gemma4_port.port.sharding import shard_model
-from gemma4_port.compile.tracing import geometry
-from gemma4_port.bench.stats import summary
+from runtime.generate.detok import TextStream
+from runtime.generate.sampling import SamplingParams, sample
 
 REAL_MANIFEST = MANIFESTS / "gemma-4-e2b.yaml"
 DEVICE_STEP_MS = 22.0  # ~44 tok/s: an E2B decode step on one NeuronCore, as an earlier port measured it
@@ -40,8 +39,13 @@ HEAD = 20  # tokens that carry most of the mass in a "peaked" row
 # head of HEAD tokens near 14, so at temperature 0.8 the entropy is ~2.5 nats and the top-p nucleus ~15
 # tokens. "flat" rows ~ N(0, 4^2) (entropy ~5 nats, a nucleus of ~1,500 tokens) are the hard case for
 # the samplers; shown, not targeted.
-CASES = (("greedy", "peaked"), ("top_k_top_p", "peaked"), ("top_p", "peaked"), ("top_k_top_p", "flat"),
-         ("top_p", "flat"))
+CASES = (
+    ("greedy", "peaked"),
+    ("top_k_top_p", "peaked"),
+    ("top_p", "peaked"),
+    ("top_k_top_p", "flat"),
+    ("top_p", "flat"),
+)
 
 
 @dataclass
@@ -88,8 +92,15 @@ def shape_of(raw: torch.Tensor, params: SamplingParams, cap: float | None) -> di
     return {"entropy_nats": float(-(p * p.clamp_min(1e-30).log()).sum()), "nucleus_tokens": nucleus}
 
 
-def time_steps(host: HostInputs, params: SamplingParams, logits: list[torch.Tensor], tokenizer, pool: torch.Tensor,
-               steps: int, gen: torch.Generator) -> dict[str, list[float]]:
+def time_steps(
+    host: HostInputs,
+    params: SamplingParams,
+    logits: list[torch.Tensor],
+    tokenizer,
+    pool: torch.Tensor,
+    steps: int,
+    gen: torch.Generator,
+) -> dict[str, list[float]]:
     """Seconds per part of each decode step, in the engine's order: graph inputs, the logits row,
     sampling, detokenization (and the embedding gather alone, for the breakdown)."""
     geo, stream = host.geo, TextStream(tokenizer)
@@ -123,18 +134,28 @@ def measure(tokenizer, steps: int, seed: int = 0) -> dict:
     host = HostInputs(geo, synthetic_tables(geo, pool, gen))
     rows = {kind: logit_rows(kind, geo.vocab, DTYPES[geo.dtype], gen) for kind in ("peaked", "flat")}
     out = {
-        "geometry": {"vocab": geo.vocab, "ple_width": geo.num_layers * geo.ple_dim, "hidden": geo.hidden,
-                     "dtype": geo.dtype, "kv_max": geo.kv_max, "batch": geo.batch,
-                     "source": str(REAL_MANIFEST.relative_to(ROOT))},
-        "steps": steps, "device_step_ms": DEVICE_STEP_MS, "detok_vocab": len(tokenizer),
-        "torch_threads": torch.get_num_threads(), "samplers": {},
+        "geometry": {
+            "vocab": geo.vocab,
+            "ple_width": geo.num_layers * geo.ple_dim,
+            "hidden": geo.hidden,
+            "dtype": geo.dtype,
+            "kv_max": geo.kv_max,
+            "batch": geo.batch,
+            "source": str(REAL_MANIFEST.relative_to(ROOT)),
+        },
+        "steps": steps,
+        "device_step_ms": DEVICE_STEP_MS,
+        "detok_vocab": len(tokenizer),
+        "torch_threads": torch.get_num_threads(),
+        "samplers": {},
     }
     for name, kind in CASES:
         params = SAMPLERS[name]
         t = time_steps(host, params, rows[kind], tokenizer, pool, steps, gen)
         step = summary(t.pop("step"), 1e6)
         out["samplers"][name if kind == "peaked" else f"{name} ({kind})"] = {
-            "params": asdict(params), "logits": kind,
+            "params": asdict(params),
+            "logits": kind,
             "distribution": None if params.greedy else shape_of(rows[kind][0][0], params, geo.softcap),
             "parts_us": {k: summary(v, 1e6) for k, v in t.items()},
             "step_us": step,

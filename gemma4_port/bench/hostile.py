@@ -140,8 +140,15 @@ class Pressure:
             t.join(30)
 
 
-def _timed(host: str, port: int, method: str, path: str, timeout: float, body: str | None = None,
-           headers: dict[str, str] | None = None) -> float | None:
+def _timed(
+    host: str,
+    port: int,
+    method: str,
+    path: str,
+    timeout: float,
+    body: str | None = None,
+    headers: dict[str, str] | None = None,
+) -> float | None:
     """Seconds for one request on a new connection; None when it failed, was not a 200, or took
     longer than timeout."""
     start = time.perf_counter()
@@ -162,15 +169,17 @@ def probe(host: str, port: int, timeout: float = 5.0) -> float | None:
     return _timed(host, port, "GET", "/health", timeout)
 
 
-def complete(host: str, port: int, model: str, headers: dict[str, str], max_tokens: int = 16,
-             timeout: float = 60.0) -> float | None:
+def complete(
+    host: str, port: int, model: str, headers: dict[str, str], max_tokens: int = 16, timeout: float = 60.0
+) -> float | None:
     body = json.dumps({"model": model, "prompt": "hello world", "max_tokens": max_tokens, "temperature": 0})
     headers = {"Content-Type": "application/json"} | headers
     return _timed(host, port, "POST", "/v1/completions", timeout, body, headers)
 
 
-def measure(host: str, port: int, model: str, seconds: float, probe_s: float = 0.1,
-            headers: dict[str, str] | None = None) -> tuple[list, list]:
+def measure(
+    host: str, port: int, model: str, seconds: float, probe_s: float = 0.1, headers: dict[str, str] | None = None
+) -> tuple[list, list]:
     """/health on fresh connections every probe_s and completions back to back, for `seconds` ->
     (probe seconds, completion seconds), None for each one that failed."""
     probes, completions = [], []
@@ -192,9 +201,13 @@ def measure(host: str, port: int, model: str, seconds: float, probe_s: float = 0
 def _summary(probes: list, completions: list, cpu_s: float) -> dict:
     ok_probes = [p for p in probes if p is not None]
     ok_completions = [c for c in completions if c is not None]
-    return {"health_ms": summary(ok_probes, 1e3), "health_failed": len(probes) - len(ok_probes),
-            "completion_ms": summary(ok_completions, 1e3), "completion_failed": len(completions) - len(ok_completions),
-            "worker_cpu_s": cpu_s}
+    return {
+        "health_ms": summary(ok_probes, 1e3),
+        "health_failed": len(probes) - len(ok_probes),
+        "completion_ms": summary(ok_completions, 1e3),
+        "completion_failed": len(completions) - len(ok_completions),
+        "worker_cpu_s": cpu_s,
+    }
 
 
 def _hold(host: str, port: int, attack: Attack, model: str, stop, reopened) -> None:
@@ -207,8 +220,17 @@ def _hold(host: str, port: int, attack: Attack, model: str, stop, reopened) -> N
     reopened.value = pressure.reopened
 
 
-def run(host: str, port: int, model: str, attack: Attack, seconds: float, rounds: int = 3, warmup_s: float = 4.0,
-        headers: dict[str, str] | None = None, worker: psutil.Process | None = None) -> dict:
+def run(
+    host: str,
+    port: int,
+    model: str,
+    attack: Attack,
+    seconds: float,
+    rounds: int = 3,
+    warmup_s: float = 4.0,
+    headers: dict[str, str] | None = None,
+    worker: psutil.Process | None = None,
+) -> dict:
     """Rounds of the idle server, then the same under attack (after warmup_s for the connections to
     pile up), alternating, as the load of a shared machine drifts. With the server's worker process:
     its CPU seconds in each condition, too."""
@@ -238,8 +260,11 @@ def run(host: str, port: int, model: str, attack: Attack, seconds: float, rounds
                     reopened += count.value
     out = {c: _summary(p, q, cpu_s[0]) for c, (p, q, cpu_s) in samples.items()}
     ratio = out["attacked"]["completion_ms"]["p50"] / out["idle"]["completion_ms"]["p50"]
-    return {"attack": vars(attack), "rounds": rounds, "seconds": seconds} | out | {
-        "completion_ratio_p50": ratio, "reopened": reopened}
+    return (
+        {"attack": vars(attack), "rounds": rounds, "seconds": seconds}
+        | out
+        | {"completion_ratio_p50": ratio, "reopened": reopened}
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -249,8 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("artifact", type=Path, help="a compiled artifact directory to serve")
     p.add_argument("--slow", type=int, default=200, help="slow-header connections (default 200)")
     p.add_argument("--idle", type=int, default=200, help="idle connections (default 200)")
-    p.add_argument("--closers", type=float, default=0.0,
-                   help="new `Connection: close` clients a second that never close (default 0)")
+    p.add_argument(
+        "--closers",
+        type=float,
+        default=0.0,
+        help="new `Connection: close` clients a second that never close (default 0)",
+    )
     p.add_argument("--big", type=int, default=0, help="clients posting 1 MB prompts back to back (default 0)")
     p.add_argument("--seconds", type=float, default=10.0, help="length of each measurement (default 10)")
     p.add_argument("--rounds", type=int, default=3, help="idle/attacked rounds, alternating (default 3)")

@@ -21,7 +21,6 @@ from pathlib import Path
 import requests
 
 from contract.artifact import load_meta
-
 from gemma4_port.bench.errors import BenchError
 from gemma4_port.bench.server import Server
 from gemma4_port.bench.stats import ratio, summary
@@ -96,8 +95,9 @@ def reuse_ttft(folder: Path, logs: Path, rounds: int, ready_timeout_s: float) ->
     return out
 
 
-def _streams_beside_long_prompts(server: Server, short: list[list[int]], long: list[list[int]],
-                                 max_tokens: int) -> list[float]:
+def _streams_beside_long_prompts(
+    server: Server, short: list[list[int]], long: list[list[int]], max_tokens: int
+) -> list[float]:
     """STREAMS greedy streams of `max_tokens` while the long prompts arrive one after another in the
     remaining slot; the gaps between the streams' tokens."""
     gaps: list[float] = []
@@ -112,6 +112,7 @@ def _streams_beside_long_prompts(server: Server, short: list[list[int]], long: l
             except Exception as exc:  # re-raised in the driver: a benchmark never hides a failure
                 errors.append(exc)
                 done.set()
+
         return run
 
     def stream(prompt):
@@ -149,15 +150,22 @@ def chunked_itl(b4: Path, logs: Path, rounds: int, ready_timeout_s: float) -> di
     long = [[rng.randrange(8, geo.vocab) for _ in range(geo.kv_max - 8)] for _ in range(3)]
     max_tokens = geo.kv_max // 2
     itl: dict[str, list[float]] = {"chunked": [], "whole_prompt": []}
-    env = {label: {"GEMMA4_PREFIX_REUSE": "false", "GEMMA4_PREFILL_CHUNKS_PER_STEP": chunks}
-           for label, chunks in (("chunked", "1"), ("whole_prompt", "0"))}
+    env = {
+        label: {"GEMMA4_PREFIX_REUSE": "false", "GEMMA4_PREFILL_CHUNKS_PER_STEP": chunks}
+        for label, chunks in (("chunked", "1"), ("whole_prompt", "0"))
+    }
     with _servers(b4, logs, env, ready_timeout_s) as servers:
         for r, label in _alternate(rounds, list(servers)):
             gaps = _streams_beside_long_prompts(servers[label], short, long, max_tokens)
             if r:
                 itl[label] += gaps
-    out = {"streams": STREAMS, "stream_tokens": max_tokens, "long_prompt_tokens": geo.kv_max - 8,
-           "buckets": list(geo.buckets), "rounds": rounds}
+    out = {
+        "streams": STREAMS,
+        "stream_tokens": max_tokens,
+        "long_prompt_tokens": geo.kv_max - 8,
+        "buckets": list(geo.buckets),
+        "rounds": rounds,
+    }
     out |= {label: {"itl_ms": summary(g, 1e3)} for label, g in itl.items()}
     for q in ("p50", "p99"):
         out[f"itl_{q}_whole_over_chunked"] = ratio(out["whole_prompt"]["itl_ms"][q], out["chunked"]["itl_ms"][q])
@@ -165,5 +173,7 @@ def chunked_itl(b4: Path, logs: Path, rounds: int, ready_timeout_s: float) -> di
 
 
 def measure(folder: Path, b4: Path, logs: Path, rounds: int, ready_timeout_s: float) -> dict:
-    return {"reuse": reuse_ttft(folder, logs / "reuse", rounds, ready_timeout_s),
-            "interleave": chunked_itl(b4, logs / "interleave", rounds, ready_timeout_s)}
+    return {
+        "reuse": reuse_ttft(folder, logs / "reuse", rounds, ready_timeout_s),
+        "interleave": chunked_itl(b4, logs / "interleave", rounds, ready_timeout_s),
+    }

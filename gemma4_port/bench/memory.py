@@ -14,7 +14,6 @@ import sys
 from pathlib import Path
 
 from contract.artifact import HOST_TABLES, ArtifactMeta
-
 from gemma4_port import ROOT
 from gemma4_port.bench.errors import BenchError
 from gemma4_port.bench.server import MODEL_MODULE
@@ -37,8 +36,10 @@ print(json.dumps({{"rss": psutil.Process().memory_info().rss, "peak_rss": vm_hwm
 
 
 def artifact_bytes(folder: Path, meta: ArtifactMeta) -> dict[str, int]:
-    return {"host_tables": (folder / HOST_TABLES).stat().st_size,
-            "graph_files": sum((folder / rel).stat().st_size for rel in set(meta.graphs.values()))}
+    return {
+        "host_tables": (folder / HOST_TABLES).stat().st_size,
+        "graph_files": sum((folder / rel).stat().st_size for rel in set(meta.graphs.values())),
+    }
 
 
 def checkpoint_bytes(ckpt: Path) -> int:
@@ -52,15 +53,19 @@ def transformers_process(ckpt: Path, dtype: str) -> dict:
     if done.returncode != 0:
         raise BenchError(f"the transformers memory probe failed: {done.stderr.strip().splitlines()[-1:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])
-    return {"rss_mb": out["rss"] / MB, "peak_rss_mb": out["peak_rss"] / MB,
-            "model_module_imported": out["model_module_imported"]}
+    return {
+        "rss_mb": out["rss"] / MB,
+        "peak_rss_mb": out["peak_rss"] / MB,
+        "model_module_imported": out["model_module_imported"],
+    }
 
 
 def measure(folder: Path, meta: ArtifactMeta) -> dict:
     sizes = artifact_bytes(folder, meta)
     ckpt = Path(meta.checkpoint)
     return {
-        "host_tables_mb": sizes["host_tables"] / MB, "graph_files_mb": sizes["graph_files"] / MB,
+        "host_tables_mb": sizes["host_tables"] / MB,
+        "graph_files_mb": sizes["graph_files"] / MB,
         "checkpoint_mb": checkpoint_bytes(ckpt) / MB,
         "transformers_loader": transformers_process(ckpt, meta.geometry.dtype),
     }

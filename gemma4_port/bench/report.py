@@ -47,31 +47,69 @@ def targets(result: dict) -> list[Target]:
     out = []
     tp = result["throughput"]
     goal = SPEEDUP_GOAL[result["meta"]["scale"]]
-    out.append(Target(f"decode tok/s vs transformers ({result['meta']['scale']})", tp["decode_speedup"],
-                      f">= {goal:g}x", tp["decode_speedup"] >= goal))
+    out.append(
+        Target(
+            f"decode tok/s vs transformers ({result['meta']['scale']})",
+            tp["decode_speedup"],
+            f">= {goal:g}x",
+            tp["decode_speedup"] >= goal,
+        )
+    )
     for name, us in HOST_P50_GOAL_US.items():
         p50 = result["host_overhead"]["samplers"][name]["step_us"]["p50"]
         out.append(Target(f"host per step p50, {name} (us)", p50, f"< {us:g}", p50 < us))
     grammar = result["constrained"]["cases"][GRAMMAR_CASE]["step_us"]["p50"]
-    out.append(Target(f"host per step p50, {GRAMMAR_CASE} (us)", grammar, f"< {GRAMMAR_P50_GOAL_US:g}",
-                      grammar < GRAMMAR_P50_GOAL_US))
+    out.append(
+        Target(
+            f"host per step p50, {GRAMMAR_CASE} (us)",
+            grammar,
+            f"< {GRAMMAR_P50_GOAL_US:g}",
+            grammar < GRAMMAR_P50_GOAL_US,
+        )
+    )
     ratio = batching_ratio(result["concurrency"])
     if ratio is not None:
         in_process = result["batching"]["ratio_with_prefills"]
-        out.append(Target(f"batch 4 / batch 1 tok/s at {BATCH_STREAMS} streams", ratio,
-                          f">= {BATCH_GOAL:g}x (in process: {in_process:.2f}x)", ratio >= BATCH_GOAL))
+        out.append(
+            Target(
+                f"batch 4 / batch 1 tok/s at {BATCH_STREAMS} streams",
+                ratio,
+                f">= {BATCH_GOAL:g}x (in process: {in_process:.2f}x)",
+                ratio >= BATCH_GOAL,
+            )
+        )
     long = result.get("long_context")
     if long:
         reuse, inter = long["reuse"]["ttft_no_reuse_over_reuse"], long["interleave"]["itl_p99_whole_over_chunked"]
-        out.append(Target("second-turn TTFT, prefill again / reuse the prefix", reuse, f">= {REUSE_TTFT_GOAL:g}x",
-                          reuse >= REUSE_TTFT_GOAL))
-        out.append(Target("ITL p99 beside long prompts, whole prompt / chunked", inter, f">= {CHUNKED_P99_GOAL:g}x",
-                          inter >= CHUNKED_P99_GOAL))
+        out.append(
+            Target(
+                "second-turn TTFT, prefill again / reuse the prefix",
+                reuse,
+                f">= {REUSE_TTFT_GOAL:g}x",
+                reuse >= REUSE_TTFT_GOAL,
+            )
+        )
+        out.append(
+            Target(
+                "ITL p99 beside long prompts, whole prompt / chunked",
+                inter,
+                f">= {CHUNKED_P99_GOAL:g}x",
+                inter >= CHUNKED_P99_GOAL,
+            )
+        )
     mem = result["memory"]
-    out.append(Target("slim server RSS (MB)", mem["server_rss_mb"], f"<= {mem['budget_mb']:.0f}",
-                      mem["server_rss_mb"] <= mem["budget_mb"]))
-    clean = all(s["imports"]["import_log_armed"] and not s["imports"]["transformers_model_module_imported"]
-                for s in result["concurrency"]["servers"].values())
+    out.append(
+        Target(
+            "slim server RSS (MB)",
+            mem["server_rss_mb"],
+            f"<= {mem['budget_mb']:.0f}",
+            mem["server_rss_mb"] <= mem["budget_mb"],
+        )
+    )
+    clean = all(
+        s["imports"]["import_log_armed"] and not s["imports"]["transformers_model_module_imported"]
+        for s in result["concurrency"]["servers"].values()
+    )
     out.append(Target("no transformers model in the server", clean, "never imported", clean))
     return out
 
@@ -88,78 +126,138 @@ def print_report(result: dict, console: Console | None = None) -> None:
     console = console or Console()
     meta, tp, host = result["meta"], result["throughput"], result["host_overhead"]
 
-    t = Table(title=f"Decode: compiled graphs vs transformers generate ({tp['name']}/{tp['variant']}, {tp['dtype']}, "
-                    f"{tp['new_tokens']} new tokens, {tp['torch_threads']} torch thread(s))")
+    t = Table(
+        title=f"Decode: compiled graphs vs transformers generate ({tp['name']}/{tp['variant']}, {tp['dtype']}, "
+        f"{tp['new_tokens']} new tokens, {tp['torch_threads']} torch thread(s))"
+    )
     for col in ("", "decode tok/s", "TTFT ms", "token p50 ms", "token p99 ms"):
         t.add_column(col, justify="right")
     for side in ("ours", "transformers"):
         s = tp[side]
-        t.add_row(side, _f(s["decode_tok_s"]), _f(s["ttft_ms"]), _f(s["token_ms"]["p50"], 2),
-                  _f(s["token_ms"]["p99"], 2))
+        t.add_row(
+            side, _f(s["decode_tok_s"]), _f(s["ttft_ms"]), _f(s["token_ms"]["p50"], 2), _f(s["token_ms"]["p99"], 2)
+        )
     t.add_row("ratio", f"{tp['decode_speedup']:.2f}x", f"{tp['ttft_speedup']:.2f}x", "", "")
     console.print(t)
 
     g = host["geometry"]
-    t = Table(title=f"Host work per decode step (vocab {g['vocab']:,}, PLE {g['ple_width']:,}, {g['dtype']}, "
-                    f"kv_max {g['kv_max']}, {host['torch_threads']} torch thread(s)): us p50, and the step's share "
-                    f"of a {host['device_step_ms']:g} ms device step")
-    for col in ("sampler", "nucleus", "embed+PLE", "inputs", "logits row", "sample", "detok", "step p50", "step p99",
-                "share"):
+    t = Table(
+        title=f"Host work per decode step (vocab {g['vocab']:,}, PLE {g['ple_width']:,}, {g['dtype']}, "
+        f"kv_max {g['kv_max']}, {host['torch_threads']} torch thread(s)): us p50, and the step's share "
+        f"of a {host['device_step_ms']:g} ms device step"
+    )
+    for col in (
+        "sampler",
+        "nucleus",
+        "embed+PLE",
+        "inputs",
+        "logits row",
+        "sample",
+        "detok",
+        "step p50",
+        "step p99",
+        "share",
+    ):
         t.add_column(col, justify="right")
     for name, s in host["samplers"].items():
         p, dist = s["parts_us"], s["distribution"]
         nucleus = f"{dist['nucleus_tokens']:,} ({dist['entropy_nats']:.1f} nats)" if dist else ""
-        t.add_row(name, nucleus, *(_f(p[k]["p50"]) for k in ("embed", "inputs", "logits_row", "sample", "detok")),
-                  _f(s["step_us"]["p50"]), _f(s["step_us"]["p99"]), f"{100 * s['share_of_device_step_p50']:.2f}%")
+        t.add_row(
+            name,
+            nucleus,
+            *(_f(p[k]["p50"]) for k in ("embed", "inputs", "logits_row", "sample", "detok")),
+            _f(s["step_us"]["p50"]),
+            _f(s["step_us"]["p99"]),
+            f"{100 * s['share_of_device_step_p50']:.2f}%",
+        )
     console.print(t)
 
     con = result["constrained"]
-    t = Table(title=f"Constrained decoding ({con['grammar_engine']}) and logprobs per decode step (vocab "
-                    f"{con['vocab']:,}, {con['steps']} steps): us; the mask is part of the step")
+    t = Table(
+        title=f"Constrained decoding ({con['grammar_engine']}) and logprobs per decode step (vocab "
+        f"{con['vocab']:,}, {con['steps']} steps): us; the mask is part of the step"
+    )
     for col in ("case", "mask p50", "mask p99", "step p50", "step p99", "outputs done / parsed"):
         t.add_column(col, justify="right")
     for name, c in con["cases"].items():
         mask = c.get("mask_us")
-        t.add_row(name, _f(mask["p50"]) if mask else "", _f(mask["p99"]) if mask else "", _f(c["step_us"]["p50"]),
-                  _f(c["step_us"]["p99"]), f"{c['outputs_completed']} / {c['outputs_parsed']}" if mask else "")
+        t.add_row(
+            name,
+            _f(mask["p50"]) if mask else "",
+            _f(mask["p99"]) if mask else "",
+            _f(c["step_us"]["p50"]),
+            _f(c["step_us"]["p99"]),
+            f"{c['outputs_completed']} / {c['outputs_parsed']}" if mask else "",
+        )
     console.print(t)
 
     conc = result["concurrency"]
-    t = Table(title=f"Servers, side by side ({conc['max_tokens']} tokens per streamed request, "
-                    f"{conc['requests_per_stream']} request(s) per stream, {conc['server_passes']} alternating passes)")
-    for col in ("artifact", "streams", "tok/s", "tok/s per pass", "TTFT p50 ms", "TTFT p99 ms", "chunk p50 ms",
-                "chunk p99 ms", "done", "503", "errors"):
+    t = Table(
+        title=f"Servers, side by side ({conc['max_tokens']} tokens per streamed request, "
+        f"{conc['requests_per_stream']} request(s) per stream, {conc['server_passes']} alternating passes)"
+    )
+    for col in (
+        "artifact",
+        "streams",
+        "tok/s",
+        "tok/s per pass",
+        "TTFT p50 ms",
+        "TTFT p99 ms",
+        "chunk p50 ms",
+        "chunk p99 ms",
+        "done",
+        "503",
+        "errors",
+    ):
         t.add_column(col, justify="right")
     for label, server in conc["servers"].items():
         for row in server["levels"]:
-            t.add_row(f"{label} (batch {server['batch']})", str(row["streams"]), _f(row["tok_s"]),
-                      " ".join(_f(x) for x in row["pass_tok_s"]), _f(row["ttft_ms"]["p50"]), _f(row["ttft_ms"]["p99"]),
-                      _f(row["chunk_gap_ms"]["p50"], 2), _f(row["chunk_gap_ms"]["p99"], 2), str(row["completed"]),
-                      str(row["rejected_503"]), str(row["errors"]))
+            t.add_row(
+                f"{label} (batch {server['batch']})",
+                str(row["streams"]),
+                _f(row["tok_s"]),
+                " ".join(_f(x) for x in row["pass_tok_s"]),
+                _f(row["ttft_ms"]["p50"]),
+                _f(row["ttft_ms"]["p99"]),
+                _f(row["chunk_gap_ms"]["p50"], 2),
+                _f(row["chunk_gap_ms"]["p99"], 2),
+                str(row["completed"]),
+                str(row["rejected_503"]),
+                str(row["errors"]),
+            )
     console.print(t)
 
     bat = result["batching"]
     server = conc["b4_over_b1_at_4_streams"]
-    t = Table(title=f"Batching on this backend, in process (every slot busy, greedy, {bat['new_tokens']}-token "
-                    f"requests of {bat['prompt_tokens']} prompt tokens): batch 4 / batch 1 {bat['step_ratio']:.2f}x, "
-                    f"{bat['ratio_with_prefills']:.2f}x with prefills; the server: "
-                    + (f"{server:.2f}x" if server is not None else "-"))
+    t = Table(
+        title=f"Batching on this backend, in process (every slot busy, greedy, {bat['new_tokens']}-token "
+        f"requests of {bat['prompt_tokens']} prompt tokens): batch 4 / batch 1 {bat['step_ratio']:.2f}x, "
+        f"{bat['ratio_with_prefills']:.2f}x with prefills; the server: "
+        + (f"{server:.2f}x" if server is not None else "-")
+    )
     for col in ("artifact", "decode step p50 ms", "decode step p99 ms", "prefill p50 ms", "step cost vs batch 1"):
         t.add_column(col, justify="right")
     for label in ("b1", "b4"):
         b = bat[label]
         cost = 1.0 if label == "b1" else bat["step_cost_b4_over_b1"]
-        t.add_row(f"{label} (batch {b['batch']})", _f(b["step_ms"]["p50"], 2), _f(b["step_ms"]["p99"], 2),
-                  _f(b["prefill_ms"]["p50"], 2), f"{cost:.2f}x")
+        t.add_row(
+            f"{label} (batch {b['batch']})",
+            _f(b["step_ms"]["p50"], 2),
+            _f(b["step_ms"]["p99"], 2),
+            _f(b["prefill_ms"]["p50"], 2),
+            f"{cost:.2f}x",
+        )
     console.print(t)
 
     long = result.get("long_context")
     if long:
         reuse, inter = long["reuse"], long["interleave"]
-        t = Table(title=f"Long prompts: a second turn sharing {reuse['shared_tokens']} of {reuse['prompt_tokens']} "
-                        f"prompt tokens; {inter['streams']} streams of {inter['stream_tokens']} tokens while prompts of "
-                        f"{inter['long_prompt_tokens']} tokens keep arriving (buckets {inter['buckets']}); "
-                        f"{reuse['rounds']} alternating rounds")
+        t = Table(
+            title=f"Long prompts: a second turn sharing {reuse['shared_tokens']} of {reuse['prompt_tokens']} "
+            f"prompt tokens; {inter['streams']} streams of {inter['stream_tokens']} tokens while prompts of "
+            f"{inter['long_prompt_tokens']} tokens keep arriving (buckets {inter['buckets']}); "
+            f"{reuse['rounds']} alternating rounds"
+        )
         for col in ("server", "TTFT p50 ms", "TTFT p99 ms", "ITL p50 ms", "ITL p99 ms"):
             t.add_column(col, justify="right")
         for label in ("reuse", "no_reuse"):
@@ -168,24 +266,41 @@ def print_report(result: dict, console: Console | None = None) -> None:
         for label in ("chunked", "whole_prompt"):
             ms = inter[label]["itl_ms"]
             t.add_row(label.replace("_", " "), "", "", _f(ms["p50"], 2), _f(ms["p99"], 2))
-        t.add_row("ratio", f"{reuse['ttft_no_reuse_over_reuse']:.2f}x", "",
-                  f"{inter['itl_p50_whole_over_chunked']:.2f}x", f"{inter['itl_p99_whole_over_chunked']:.2f}x")
+        t.add_row(
+            "ratio",
+            f"{reuse['ttft_no_reuse_over_reuse']:.2f}x",
+            "",
+            f"{inter['itl_p50_whole_over_chunked']:.2f}x",
+            f"{inter['itl_p99_whole_over_chunked']:.2f}x",
+        )
         console.print(t)
 
     mem = result["memory"]
-    t = Table(title=f"Memory, MB (host tables {_f(mem['host_tables_mb'])}, graph files {_f(mem['graph_files_mb'])}, "
-                    f"checkpoint {_f(mem['checkpoint_mb'])})")
+    t = Table(
+        title=f"Memory, MB (host tables {_f(mem['host_tables_mb'])}, graph files {_f(mem['graph_files_mb'])}, "
+        f"checkpoint {_f(mem['checkpoint_mb'])})"
+    )
     for col in ("process", "RSS after load", "peak RSS", "transformers model module"):
         t.add_column(col, justify="right")
-    t.add_row("slim server worker (gunicorn)", _f(mem["server_rss_mb"]), _f(mem["server_peak_rss_mb"]),
-              "imported" if mem["server_model_module_imported"] else "never imported")
+    t.add_row(
+        "slim server worker (gunicorn)",
+        _f(mem["server_rss_mb"]),
+        _f(mem["server_peak_rss_mb"]),
+        "imported" if mem["server_model_module_imported"] else "never imported",
+    )
     p = mem["transformers_loader"]
-    t.add_row("transformers from_pretrained + forward", _f(p["rss_mb"]), _f(p["peak_rss_mb"]),
-              "imported" if p["model_module_imported"] else "never imported")
+    t.add_row(
+        "transformers from_pretrained + forward",
+        _f(p["rss_mb"]),
+        _f(p["peak_rss_mb"]),
+        "imported" if p["model_module_imported"] else "never imported",
+    )
     console.print(t)
 
-    t = Table(title=f"Targets ({meta['scale']}; load average {meta['load_average_start'][0]:.1f} -> "
-                    f"{meta['load_average_end'][0]:.1f} on {meta['cpus']} CPUs)")
+    t = Table(
+        title=f"Targets ({meta['scale']}; load average {meta['load_average_start'][0]:.1f} -> "
+        f"{meta['load_average_end'][0]:.1f} on {meta['cpus']} CPUs)"
+    )
     for col in ("target", "measured", "goal", ""):
         t.add_column(col)
     for tg in result["targets"]:
@@ -204,8 +319,12 @@ def write_plot(result: dict, path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
     for label, server in result["concurrency"]["servers"].items():
         rows = server["levels"]
-        left.plot([r["streams"] for r in rows], [r["tok_s"] for r in rows], marker="o",
-                  label=f"{label} (batch {server['batch']})")
+        left.plot(
+            [r["streams"] for r in rows],
+            [r["tok_s"] for r in rows],
+            marker="o",
+            label=f"{label} (batch {server['batch']})",
+        )
     left.set_xscale("log", base=2)
     left.set_xticks([r["streams"] for r in rows], [str(r["streams"]) for r in rows])
     left.set_ylim(bottom=0)
@@ -216,8 +335,14 @@ def write_plot(result: dict, path: Path) -> None:
     if every:
         bins = np.geomspace(min(every), max(every) * 1.01, 40)
         for name, values in samples.items():
-            right.hist(values, bins=bins, weights=np.full(len(values), 1 / len(values)), histtype="step",
-                       linewidth=1.5, label=name)
+            right.hist(
+                values,
+                bins=bins,
+                weights=np.full(len(values), 1 / len(values)),
+                histtype="step",
+                linewidth=1.5,
+                label=name,
+            )
         right.set_xscale("log")
     right.set(xlabel="per-token latency (ms)", ylabel="fraction of tokens", title="Per-token latency")
     right.legend()

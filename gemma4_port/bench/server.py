@@ -79,8 +79,16 @@ class Server:
         self.stop()
 
     def start(self) -> Server:
-        cmd = [sys.executable, str(ROOT / "build.py"), "serve", str(self.folder), "--host", "127.0.0.1",
-               "--port", str(self.port)]
+        cmd = [
+            sys.executable,
+            str(ROOT / "build.py"),
+            "serve",
+            str(self.folder),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         env = os.environ | {"PYTHONPROFILEIMPORTTIME": "1", "PYTHONUNBUFFERED": "1"} | self.env
         self._started = time.perf_counter()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
@@ -92,8 +100,9 @@ class Server:
         reason = "no answer yet"
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise BenchError(f"the server exited with code {self.proc.returncode} before it was ready: "
-                                 f"{self.tail()}")
+                raise BenchError(
+                    f"the server exited with code {self.proc.returncode} before it was ready: {self.tail()}"
+                )
             try:
                 r = requests.get(self.url + "/ready", timeout=5)
                 body = r.json()
@@ -129,13 +138,19 @@ class Server:
     def imports(self) -> dict:
         """Whether the server imported transformers' model base module (armed: the log is complete)."""
         modules = imported_modules(self.stderr_path.read_text(errors="replace"))
-        return {"import_log_armed": ARMED_BY in modules, "modules_imported": len(modules),
-                "transformers_modules": len([m for m in modules if m.startswith("transformers")]),
-                "transformers_model_module_imported": MODEL_MODULE in modules}
+        return {
+            "import_log_armed": ARMED_BY in modules,
+            "modules_imported": len(modules),
+            "transformers_modules": len([m for m in modules if m.startswith("transformers")]),
+            "transformers_model_module_imported": MODEL_MODULE in modules,
+        }
 
     def tail(self, lines: int = 5) -> str:
-        text = [ln for ln in self.stderr_path.read_text(errors="replace").splitlines()
-                if not ln.startswith(IMPORT_LOG_PREFIX)]
+        text = [
+            ln
+            for ln in self.stderr_path.read_text(errors="replace").splitlines()
+            if not ln.startswith(IMPORT_LOG_PREFIX)
+        ]
         return " | ".join(text[-lines:])
 
     def stop(self) -> int | None:

@@ -10,8 +10,12 @@ def summary(samples, scale: float = 1.0) -> dict[str, float]:
     a = np.asarray(list(samples), dtype=float) * scale
     if a.size == 0:
         return {"p50": float("nan"), "p99": float("nan"), "min": float("nan"), "n": 0}
-    return {"p50": float(np.percentile(a, 50)), "p99": float(np.percentile(a, 99)), "min": float(a.min()),
-            "n": int(a.size)}
+    return {
+        "p50": float(np.percentile(a, 50)),
+        "p99": float(np.percentile(a, 99)),
+        "min": float(a.min()),
+        "n": int(a.size),
+    }
 
 
 def ratio(a: float, b: float) -> float:

@@ -13,10 +13,9 @@ import torch
 
 from contract.dtypes import DTYPES
 from contract.greedy import argmax
-from runtime.model.loader import load_artifact
-
-from gemma4_port.verify.reference import load_reference
 from gemma4_port.bench.stats import ratio, summary
+from gemma4_port.verify.reference import load_reference
+from runtime.model.loader import load_artifact
 
 PROMPTS = (
     "The capital of France is",
@@ -72,8 +71,14 @@ def transformers_generate(model, ids: list[int], n: int) -> Run:
     clock = _clock()
     t0 = time.perf_counter()
     # min_new_tokens masks EOS, so both sides produce exactly n tokens.
-    model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
-                   max_new_tokens=n, min_new_tokens=n, do_sample=False, streamer=clock)
+    model.generate(
+        torch.tensor([ids]),
+        attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+        max_new_tokens=n,
+        min_new_tokens=n,
+        do_sample=False,
+        streamer=clock,
+    )
     stamps = clock.stamps[1:]  # the first push is the prompt itself
     return Run(stamps[0] - t0, np.diff(stamps).tolist(), [int(v.reshape(-1)[0]) for v in clock.values[1:]])
 
@@ -97,8 +102,10 @@ def measure(folder: Path, new_tokens: int, repeats: int, warmup_calls: int) -> t
     model.set_attn_implementation("sdpa")  # transformers' default, faster than the reference's eager
     prompts = [loaded.tokenizer(p).input_ids[: runner.max_prompt] for p in PROMPTS]
     n = min(new_tokens, geo.kv_max - max(map(len, prompts)))
-    sides = {"ours": lambda ids, k: ours(runner, ids, k),
-             "transformers": lambda ids, k: transformers_generate(model, ids, k)}
+    sides = {
+        "ours": lambda ids, k: ours(runner, ids, k),
+        "transformers": lambda ids, k: transformers_generate(model, ids, k),
+    }
     for ids in prompts * warmup_calls:  # every prefill bucket the prompts use, and the decode graph
         for run in sides.values():
             run(ids, warmup_calls + 1)
@@ -110,10 +117,17 @@ def measure(folder: Path, new_tokens: int, repeats: int, warmup_calls: int) -> t
                 runs[name].append(sides[name](ids, n))
     same = sum(a.tokens == b.tokens for a, b in zip(runs["ours"], runs["transformers"]))
     result = {
-        "artifact": str(folder), "name": loaded.meta.name, "variant": loaded.meta.variant, "dtype": geo.dtype,
-        "prompt_tokens": [len(p) for p in prompts], "new_tokens": n, "repeats": repeats,
-        "torch_threads": torch.get_num_threads(), "transformers_attention": model.config._attn_implementation,
-        "ours": _side(runs["ours"]), "transformers": _side(runs["transformers"]),
+        "artifact": str(folder),
+        "name": loaded.meta.name,
+        "variant": loaded.meta.variant,
+        "dtype": geo.dtype,
+        "prompt_tokens": [len(p) for p in prompts],
+        "new_tokens": n,
+        "repeats": repeats,
+        "torch_threads": torch.get_num_threads(),
+        "transformers_attention": model.config._attn_implementation,
+        "ours": _side(runs["ours"]),
+        "transformers": _side(runs["transformers"]),
         "same_tokens_runs": f"{same}/{len(runs['ours'])}",
     }
     result["decode_speedup"] = ratio(result["ours"]["decode_tok_s"], result["transformers"]["decode_tok_s"])

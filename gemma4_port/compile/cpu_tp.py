@@ -14,13 +14,12 @@ from pathlib import Path
 from contract.artifact import Geometry
 from contract.dtypes import DTYPES
 from contract.hostside import HostInputs
-from runtime.model.ranks import RankGroup, all_reduce
-
-from gemma4_port.source.checkpoint import CheckpointReader
-from gemma4_port.port.model import Gemma4Decoder
 from gemma4_port.compile.pipeline import Build, step
-from gemma4_port.port.sharding import ModelShard
 from gemma4_port.compile.tracing import EXAMPLE_TOKEN, host_tables, trace_cpu
+from gemma4_port.port.model import Gemma4Decoder
+from gemma4_port.port.sharding import ModelShard
+from gemma4_port.source.checkpoint import CheckpointReader
+from runtime.model.ranks import RankGroup, all_reduce
 
 
 class _RankTracer:

@@ -32,15 +32,14 @@ from contract.dtypes import DTYPES
 from contract.hostside import HostInputs
 from contract.layout import HOST_KV, NXD_MODEL, NeuronLayout, neuron_layout, signature
 from contract.versions import installed_versions, pin_problems, require
-
-from gemma4_port.source.checkpoint import CheckpointReader, cache_root
+from gemma4_port.compile.pipeline import Build, step
+from gemma4_port.compile.tracing import CompileError, example_inputs, geometry, trace_quietly
 from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph
 from gemma4_port.port.lint import check_traced
-from gemma4_port.source.manifest import Manifest, Toolchain, Variant
 from gemma4_port.port.model import Gemma4Decoder, kv_shapes, ring_size
-from gemma4_port.compile.pipeline import Build, step
 from gemma4_port.port.sharding import SPLIT, ModelShard, ShardingError, shard_model
-from gemma4_port.compile.tracing import CompileError, example_inputs, geometry, trace_quietly
+from gemma4_port.source.checkpoint import CheckpointReader, cache_root
+from gemma4_port.source.manifest import Manifest, Toolchain, Variant
 
 GRAPHS = {"prefill": PrefillGraph, "decode": DecodeGraph, "copy": CopyGraph}
 DECODER = "graph.decoder."  # where Gemma4Decoder's tensors sit inside a DeviceKV module
@@ -66,19 +65,23 @@ class DeviceKV(nn.Module):
 
 def graph_inputs(host: HostInputs, geo, name: str) -> tuple[torch.Tensor, ...]:
     """A graph's example inputs without the KV tensors, which are state now."""
-    return example_inputs(host, geo, name)[:len(signature(geo, name))]
+    return example_inputs(host, geo, name)[: len(signature(geo, name))]
 
 
 def check_inputs(inputs, geo, name: str) -> None:
     """Refuse example inputs that differ from the graph signature before a long compile."""
     want = signature(geo, name)
-    bad = [f"{n} is {tuple(t.shape)} {t.dtype}, the signature says {shape} {dtype}"
-           for (n, shape, dtype), t in zip(want, inputs) if (tuple(t.shape), t.dtype) != (shape, dtype)]
+    bad = [
+        f"{n} is {tuple(t.shape)} {t.dtype}, the signature says {shape} {dtype}"
+        for (n, shape, dtype), t in zip(want, inputs)
+        if (tuple(t.shape), t.dtype) != (shape, dtype)
+    ]
     if len(inputs) != len(want) or bad:
         raise CompileError(f"{name}: {len(inputs)} example inputs for {len(want)} names; " + "; ".join(bad))
 
 
 # -- the sharding plan as NxD parallel layers ----------------------------------------------------
+
 
 @dataclass(frozen=True)
 class NxdLinear:
@@ -117,12 +120,16 @@ def nxd_plan(m: ModelShard) -> list[NxdLinear]:
     for s in m.layers:
         p = f"layers.{s.index}."
         q = s.q_heads_total * s.head_dim
-        out += [NxdLinear(p + "self_attn.q_proj", "column", m.hidden, q),
-                NxdLinear(p + "self_attn.o_proj", "row", q, m.hidden)]
+        out += [
+            NxdLinear(p + "self_attn.q_proj", "column", m.hidden, q),
+            NxdLinear(p + "self_attn.o_proj", "row", q, m.hidden),
+        ]
         if s.owns_cache and s.kv_rule == SPLIT:
             kv = s.kv_heads_total * s.head_dim
-            out += [NxdLinear(p + f"self_attn.{n}", "column", m.hidden, kv)
-                    for n in (("k_proj",) if s.k_eq_v else ("k_proj", "v_proj"))]
+            out += [
+                NxdLinear(p + f"self_attn.{n}", "column", m.hidden, kv)
+                for n in (("k_proj",) if s.k_eq_v else ("k_proj", "v_proj"))
+            ]
         out += [NxdLinear(p + f"mlp.{n}", "column", m.hidden, s.intermediate_total) for n in ("gate_proj", "up_proj")]
         out.append(NxdLinear(p + "mlp.down_proj", "row", s.intermediate_total, m.hidden))
     return out
@@ -131,6 +138,7 @@ def nxd_plan(m: ModelShard) -> list[NxdLinear]:
 def check_spmd(shards: list[ModelShard]) -> None:
     """ModelBuilder traces one rank's graph and runs it on all: ranks may differ in which slices they
     hold, never in shapes or in which buffer heads their queries read."""
+
     def graph(m):
         return [(s.q_heads, s.kv_heads, s.kv_use_start, s.kv_use, s.groups, s.intermediate) for s in m.layers]
 
@@ -149,6 +157,7 @@ def kv_head_ranges(shards: list[ModelShard]) -> list[list[tuple[int, int]]]:
 
 
 # -- modules built for the tracers ---------------------------------------------------------------
+
 
 def empty_decoder(shard: ModelShard, dtype: torch.dtype) -> Gemma4Decoder:
     """A decoder with uninitialised storage: no random init to pay for on a 12B model."""
@@ -184,8 +193,9 @@ def to_nxd(decoder: Gemma4Decoder, plan: list[NxdLinear], dtype: torch.dtype) ->
         old = decoder.get_submodule(e.path)
         new = layers[e.kind](e.in_features, e.out_features, bias=False, dtype=dtype, **e.options)
         if new.weight.shape != old.weight.shape:
-            raise ShardingError(f"{e.path}: NxD holds {tuple(new.weight.shape)} per rank, "
-                                f"the sharding plan {tuple(old.weight.shape)}")
+            raise ShardingError(
+                f"{e.path}: NxD holds {tuple(new.weight.shape)} per rank, the sharding plan {tuple(old.weight.shape)}"
+            )
         setattr(decoder.get_submodule(parent), attr, new)
 
 
@@ -220,12 +230,15 @@ class RankGraph:
 
 # -- the compile ---------------------------------------------------------------------------------
 
+
 def load_sdk(toolchain: Toolchain) -> dict[str, str]:
     """Import the SDK or stop with one line naming the first missing package; refuse builds other
     than the manifest's pins. Returns the versions to record in artifact.json."""
-    needed = [("torch_neuronx", "torch-neuronx", toolchain.torch_neuronx),
-              ("neuronxcc", "neuronx-cc", toolchain.neuronx_cc),
-              ("neuronx_distributed", "neuronx-distributed", toolchain.neuronx_distributed)]
+    needed = [
+        ("torch_neuronx", "torch-neuronx", toolchain.torch_neuronx),
+        ("neuronxcc", "neuronx-cc", toolchain.neuronx_cc),
+        ("neuronx_distributed", "neuronx-distributed", toolchain.neuronx_distributed),
+    ]
     for module, package, pin in needed:
         require(module, package, pin)
     installed = installed_versions(tuple(package for _, package, _ in needed))
@@ -277,13 +290,21 @@ class _Build:
 def _model_builder(b: _Build, examples: dict[str, list[tuple]]) -> dict[str, str]:
     from neuronx_distributed.trace.model_builder import ModelBuilder
 
-    builder = ModelBuilder(router=None, tp_degree=b.variant.tp, compiler_workdir=str(b.workdir),
-                           checkpoint_loader=partial(full_checkpoint, b.ckpt, b.config, b.dtype))
+    builder = ModelBuilder(
+        router=None,
+        tp_degree=b.variant.tp,
+        compiler_workdir=str(b.workdir),
+        checkpoint_loader=partial(full_checkpoint, b.ckpt, b.config, b.dtype),
+    )
     # One model, a key per graph: they share weights and KV state. ModelBuilder shards the checkpoint
     # by the first key's module (model_builder.py shard_checkpoint), so the weightless copy comes last.
     for key, inputs in examples.items():
-        builder.add(key=key, model_instance=RankGraph(b.ckpt, b.config, b.variant, key), example_inputs=inputs,
-                    compiler_args=" ".join(b.compiler_args))
+        builder.add(
+            key=key,
+            model_instance=RankGraph(b.ckpt, b.config, b.variant, key),
+            example_inputs=inputs,
+            compiler_args=" ".join(b.compiler_args),
+        )
     model = builder.trace(initialize_model_weights=False)  # no NeuronCore needed on the build host
     torch.jit.save(model, str(b.out / NXD_MODEL))  # TorchScript's save, as NxD Inference saves it
     builder.shard_checkpoint(serialize_path=str(b.out / "weights"))
@@ -326,19 +347,34 @@ class NeuronGraphs:
     def graphs(self, start: Build, progress) -> dict[str, str]:
         manifest, variant, layout = self.manifest, self.variant, self.layout
         check_spmd(start.shards)
-        b = _Build(manifest, variant, layout, start.ckpt, start.config, start.geo, HostInputs(start.geo, start.tables),
-                   start.out, cache_root() / "neuron-workdir" / f"{manifest.name}-{variant.name}")
+        b = _Build(
+            manifest,
+            variant,
+            layout,
+            start.ckpt,
+            start.config,
+            start.geo,
+            HostInputs(start.geo, start.tables),
+            start.out,
+            cache_root() / "neuron-workdir" / f"{manifest.name}-{variant.name}",
+        )
         graphs = {}
         if layout.host_prefill:
-            with step(progress, f"the whole model's host prefill, "
-                                f"{len(prefill_graphs(start.geo.buckets, start.geo.key_buckets))} graph(s) (CPU)"):
+            with step(
+                progress,
+                f"the whole model's host prefill, "
+                f"{len(prefill_graphs(start.geo.buckets, start.geo.key_buckets))} graph(s) (CPU)",
+            ):
                 whole = empty_decoder(shard_model(start.config), b.dtype)
                 whole.load_weights(start.reader)
                 graphs |= _host_prefill(b, whole, start.shards)
                 del whole
         with step(progress, f"check and lint {len(layout.device_graphs)} device graph(s)"):
             examples = b.examples()
-        with step(progress, f"NxD ModelBuilder: {len(layout.device_graphs)} graph(s), tp {variant.tp} "
-                            f"(neuronx-cc, long; workdir {b.workdir})"):
+        with step(
+            progress,
+            f"NxD ModelBuilder: {len(layout.device_graphs)} graph(s), tp {variant.tp} "
+            f"(neuronx-cc, long; workdir {b.workdir})",
+        ):
             graphs |= _model_builder(b, examples)
         return graphs

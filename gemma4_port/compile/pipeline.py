@@ -20,17 +20,23 @@ from typing import Literal, Protocol
 import torch
 
 from contract.artifact import (
-    ARTIFACT_FORMAT, HOST_TABLES, ArtifactMeta, Geometry, Golden, GoldenStep, sha256, write_meta,
+    ARTIFACT_FORMAT,
+    HOST_TABLES,
+    ArtifactMeta,
+    Geometry,
+    Golden,
+    GoldenStep,
+    sha256,
+    write_meta,
 )
 from contract.logit_error import golden_steps
 from contract.tokenizer import load_tokenizer
-from runtime.model.loader import SelfTestFailed, load_artifact
-
+from gemma4_port.compile.tracing import CompileError, TableBlobs, geometry, host_tables
+from gemma4_port.port.sharding import ModelShard, shard_model
 from gemma4_port.source.checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
 from gemma4_port.source.manifest import Manifest, Variant
 from gemma4_port.verify.reference import load_reference, reference_greedy
-from gemma4_port.port.sharding import ModelShard, shard_model
-from gemma4_port.compile.tracing import CompileError, TableBlobs, geometry, host_tables
+from runtime.model.loader import SelfTestFailed, load_artifact
 
 GOLDEN_STEPS = 8
 GOLDEN_PROMPTS = (
@@ -38,7 +44,6 @@ GOLDEN_PROMPTS = (
     ("hello", "text", "hello world"),
     ("chat", "chat", "Capital of France?"),
 )
-
 
 
 @contextmanager
@@ -111,8 +116,9 @@ def golden_prompts(tokenizer, max_len: int) -> list[tuple[str, list[int]]]:
     out = []
     for name, kind, text in GOLDEN_PROMPTS:
         if kind == "chat":
-            ids = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
-                                                tokenize=True, return_dict=False)
+            ids = tokenizer.apply_chat_template(
+                [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+            )
         else:
             ids = tokenizer(text).input_ids
         if len(ids) <= max_len:
@@ -129,8 +135,10 @@ def self_test_here(folder: Path) -> None:
     try:
         model.self_test()
     except SelfTestFailed as exc:
-        raise CompileError(f"the compiled graphs disagree with the float reference: {exc}; run "
-                           f"`build.py verify {folder}` for the full table") from None
+        raise CompileError(
+            f"the compiled graphs disagree with the float reference: {exc}; run "
+            f"`build.py verify {folder}` for the full table"
+        ) from None
     finally:
         model.close()
 
@@ -178,11 +186,19 @@ def finish(b: Build, graphs: dict[str, str], backend: str, progress, extra_versi
                 p.chmod(0o644)  # safetensors writes 0600; a server running as another user must read it
                 files[str(p.relative_to(out))] = sha256(p)
     meta = ArtifactMeta(
-        format=ARTIFACT_FORMAT, name=manifest.name, variant=variant.name, backend=backend,
-        manifest=manifest.model_dump(mode="json"), versions=versions() | (extra_versions or {}),
-        geometry=geo, graphs=graphs, files=files, golden=tuple(golden),
-        eos_token_ids=eos_token_ids(ckpt, tok), checkpoint=str(ckpt),
-        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        format=ARTIFACT_FORMAT,
+        name=manifest.name,
+        variant=variant.name,
+        backend=backend,
+        manifest=manifest.model_dump(mode="json"),
+        versions=versions() | (extra_versions or {}),
+        geometry=geo,
+        graphs=graphs,
+        files=files,
+        golden=tuple(golden),
+        eos_token_ids=eos_token_ids(ckpt, tok),
+        checkpoint=str(ckpt),
+        created=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
     )
     write_meta(out, meta)
     # The self-test needs nothing measured on the device (the reference's logits judge it), so where

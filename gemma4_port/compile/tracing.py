@@ -16,13 +16,12 @@ from contract.dtypes import DTYPES
 from contract.errors import Gemma4Error
 from contract.hostside import HostInputs, scaled_tables
 from contract.layout import parse_graph
-
-from gemma4_port.source.checkpoint import CheckpointReader
 from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph, input_names
 from gemma4_port.port.lint import check_traced
-from gemma4_port.source.manifest import Variant
 from gemma4_port.port.model import Gemma4Decoder, kinds_present, kv_kinds, kv_shapes, ring_size
 from gemma4_port.port.sharding import ModelShard
+from gemma4_port.source.checkpoint import CheckpointReader
+from gemma4_port.source.manifest import Variant
 
 
 class CompileError(Gemma4Error, RuntimeError):
@@ -50,14 +49,25 @@ def geometry(config, shard: ModelShard, variant: Variant) -> Geometry:
     head_dims = {s.kind: s.head_dim for s in shard.layers}
     ring = ring_size(shard.sliding_window, variant.kv_max, variant.buckets)
     return Geometry(
-        hidden=shard.hidden, vocab=shard.vocab, num_layers=shard.num_layers, ple_dim=shard.ple_dim,
-        sliding_window=shard.sliding_window, kinds=kinds,
+        hidden=shard.hidden,
+        vocab=shard.vocab,
+        num_layers=shard.num_layers,
+        ple_dim=shard.ple_dim,
+        sliding_window=shard.sliding_window,
+        kinds=kinds,
         rope={k: Rope(head_dim=head_dims[k], inv_freq=rope_inv_freq(config, k, head_dims[k])) for k in kinds},
         kv_heads=tuple((heads, dim) for _, heads, _, dim in kv_shapes(shard, variant.batch, variant.kv_max, ring)),
-        kv_kinds=kv_kinds(shard), ring=ring,
-        embed_scale=math.sqrt(shard.hidden), ple_scale=math.sqrt(shard.ple_dim) if shard.ple_dim else 1.0,
-        softcap=config.final_logit_softcapping, dtype=variant.dtype, batch=variant.batch,
-        buckets=variant.buckets, key_buckets=variant.kv_buckets, tp=variant.tp, prefill=variant.prefill,
+        kv_kinds=kv_kinds(shard),
+        ring=ring,
+        embed_scale=math.sqrt(shard.hidden),
+        ple_scale=math.sqrt(shard.ple_dim) if shard.ple_dim else 1.0,
+        softcap=config.final_logit_softcapping,
+        dtype=variant.dtype,
+        batch=variant.batch,
+        buckets=variant.buckets,
+        key_buckets=variant.kv_buckets,
+        tp=variant.tp,
+        prefill=variant.prefill,
         inputs={g: tuple(input_names(shard, g)) for g in ("prefill", "decode", "copy")},
     )
 
@@ -83,6 +93,7 @@ EXAMPLE_TOKEN = 1  # the only id the trace's example inputs look up
 def host_tables(reader: CheckpointReader, geo: Geometry, rows: int | None = None) -> TableBlobs:
     """The scaled host tables; with `rows`, only their first rows (enough for the example inputs of
     a tp rank's trace, which would otherwise hold a whole vocabulary-sized copy per rank)."""
+
     def read(key: str) -> torch.Tensor:
         return reader.get(key) if rows is None else reader.get_slice(key, 0, 0, rows)
 

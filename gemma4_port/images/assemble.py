@@ -22,12 +22,20 @@ from packaging.requirements import Requirement
 from rich.console import Console
 from rich.table import Table
 
+from gemma4_port import ROOT
 from gemma4_port.images.plan import (
-    BUILD_TOOLS, SERVER_CODE, SLIM_TP, ImageError, ImageOptions, ImageSpec, base_variants, pin_base, plan_images,
+    BUILD_TOOLS,
+    SERVER_CODE,
+    SLIM_TP,
+    ImageError,
+    ImageOptions,
+    ImageSpec,
+    base_variants,
+    pin_base,
+    plan_images,
     python_requirements,
     render_dockerfile,
 )
-from gemma4_port import ROOT
 from gemma4_port.source.manifest import Manifest, load_manifest
 
 # Host tools, not image contents: the images run the server and the build tools, nothing else.
@@ -36,8 +44,10 @@ HOST_ONLY = {"docker", "matplotlib", "torch", "transformers"}  # torch / transfo
 # (Debian bookworm: 2.36), or a wheel built for a level between the named ones is not found
 # (llguidance ships only manylinux_2_31).
 IMAGE_GLIBC_MINOR = 36
-WHEEL_PLATFORMS = (*(f"manylinux_2_{minor}_x86_64" for minor in range(IMAGE_GLIBC_MINOR, 16, -1)),
-                   "manylinux2014_x86_64")
+WHEEL_PLATFORMS = (
+    *(f"manylinux_2_{minor}_x86_64" for minor in range(IMAGE_GLIBC_MINOR, 16, -1)),
+    "manylinux2014_x86_64",
+)
 SERVER_ENTRY = ("runtime/serve.py",)
 
 
@@ -48,6 +58,7 @@ def image_cache() -> Path:
 
 
 # ------------------------------------------------------------------------------------ options
+
 
 def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
@@ -94,12 +105,18 @@ def image_options(args, manifest: Manifest) -> ImageOptions:
     flavour = args.flavour or ("cpu" if manifest.model.random else "neuron")
     project = _pyproject()
     return ImageOptions(
-        flavour=flavour, base_image=args.base_image, registry=args.registry,
+        flavour=flavour,
+        base_image=args.base_image,
+        registry=args.registry,
         only=tuple(t.strip() for t in (args.tags or "").split(",") if t.strip()),
-        weights=args.weights or "secret", requirements=host_requirements(), cpu_torch=md.version("torch"),
+        weights=args.weights or "secret",
+        requirements=host_requirements(),
+        cpu_torch=md.version("torch"),
         compile_swap_gib=compile_swap(manifest) if flavour == "neuron" else None,
-        source=project.get("urls", {}).get("Source", "unknown"), version=project["version"],
-        revision=git_revision(), created=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        source=project.get("urls", {}).get("Source", "unknown"),
+        version=project["version"],
+        revision=git_revision(),
+        created=datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     )
 
 
@@ -120,6 +137,7 @@ def project_files() -> tuple[tuple[str, ...], tuple[str, ...]]:
 
 # ------------------------------------------------------------------------------- host inputs
 
+
 def wheelhouse(requirements: tuple[str, ...], cache: Path, console: Console) -> Path:
     """The cp311 manylinux wheels of `requirements` and their dependencies, downloaded once."""
     key = hashlib.sha256("\n".join(requirements).encode()).hexdigest()[:12]
@@ -131,9 +149,27 @@ def wheelhouse(requirements: tuple[str, ...], cache: Path, console: Console) -> 
     platforms = [arg for p in WHEEL_PLATFORMS for arg in ("--platform", p)]
     with console.status(f"downloading {len(requirements)} Python packages and their dependencies (once)"):
         run = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--quiet", "--dest", str(partial), "--only-binary=:all:",
-             "--python-version", "3.11", "--implementation", "cp", "--abi", "cp311", *platforms, *requirements],
-            capture_output=True, text=True)
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--dest",
+                str(partial),
+                "--only-binary=:all:",
+                "--python-version",
+                "3.11",
+                "--implementation",
+                "cp",
+                "--abi",
+                "cp311",
+                *platforms,
+                *requirements,
+            ],
+            capture_output=True,
+            text=True,
+        )
     if run.returncode:
         lines = [ln for ln in run.stderr.strip().splitlines() if ln.startswith("ERROR")] or ["pip failed"]
         raise ImageError(f"wheelhouse: {lines[-1]}")
@@ -145,7 +181,6 @@ def wheelhouse(requirements: tuple[str, ...], cache: Path, console: Console) -> 
 def host_artifact(manifest: Manifest, variant: str, console: Console) -> Path:
     """artifacts/NAME-VARIANT (build.py compile's default), compiled now if it is not there or broken."""
     from contract.artifact import ArtifactError, check_files, load_meta
-
     from gemma4_port.compile.backends import compile_artifact
 
     out = Path("artifacts") / f"{manifest.name}-{variant}"
@@ -165,14 +200,16 @@ def host_checkpoint(manifest: Manifest) -> Path:
     from gemma4_port.source.checkpoint import resolve_checkpoint
 
     if manifest.model.source is None or Path(manifest.model.source).expanduser().is_dir():
-        raise ImageError("plan: --weights copy copies a Hugging Face hub download; "
-                         f"{manifest.name}'s model is not a hub repo id")
+        raise ImageError(
+            f"plan: --weights copy copies a Hugging Face hub download; {manifest.name}'s model is not a hub repo id"
+        )
     return resolve_checkpoint(manifest).parents[1]
 
 
 def _link_tree(src: Path, dst: Path) -> None:
     """Hard links (big artifacts and wheels are never copied), except for files others cannot read:
     the server runs as a non-root user, so those are copied and made readable (the host's stay as they are)."""
+
     def link(a, b):
         if os.stat(a).st_mode & 0o004:
             try:
@@ -201,6 +238,7 @@ def stage_context(spec: ImageSpec, dockerfile: str, folder: Path, sources: dict[
 
 
 # ------------------------------------------------------------------------------------ main
+
 
 def write_dockerfiles(specs: list[ImageSpec], folder: Path) -> list[Path]:
     """Each image's rendered Dockerfile as DIR/KIND.Dockerfile (for linters and review)."""
@@ -238,7 +276,8 @@ def _buildkit_base(driver, spec: ImageSpec, context: Path, log: Console):
         raise ImageError(
             f"build base: the neuron base downloads the weights with a BuildKit secret, which the docker SDK's "
             f"classic builder cannot pass; run `docker buildx build --load --secret id=hf_token,env=HF_TOKEN "
-            f"-t {spec.ref} {context}` (context staged there) and rerun, or use --weights copy")
+            f"-t {spec.ref} {context}` (context staged there) and rerun, or use --weights copy"
+        )
     log.print(f"using {spec.ref} built with buildx ({built.image_id[:19]}); rebuild it there after a change")
     return built
 
@@ -266,7 +305,10 @@ def summary(title: str, rows: list) -> Table:
     for spec, built, pushed in rows:
         own = "" if spec.kind == "base" else f" (+{_size(built.size - base_size)})"
         table.add_row(
-            spec.kind, spec.ref, pushed.digest[:19] if pushed else built.image_id[:19], _size(built.size) + own,
+            spec.kind,
+            spec.ref,
+            pushed.digest[:19] if pushed else built.image_id[:19],
+            _size(built.size) + own,
             f"{built.seconds:.0f} s",
             f"{pushed.uploaded} new, {pushed.reused} reused" if pushed else "not pushed",
             _size(pushed.bytes_pushed) if pushed else "-",
@@ -306,8 +348,9 @@ def images_main(args) -> int:
         if spec.kind != "base":
             digest = base_digest or driver.repo_digest(base)
             spec = pin_base(spec, digest) if digest else spec
-        context = stage_context(spec, render_dockerfile(spec), Path("build/images") / manifest.name / spec.kind,
-                                sources)
+        context = stage_context(
+            spec, render_dockerfile(spec), Path("build/images") / manifest.name / spec.kind, sources
+        )
         if spec.kind == "base" and buildkit_base:
             built = _buildkit_base(driver, spec, context, log)
         else:

@@ -75,8 +75,10 @@ class Driver:
             self.client = docker.from_env()
             self.client.ping()
         except DockerException as exc:
-            raise ImageError(f"connect: cannot reach the Docker daemon at {host} ({_reason(exc)}); "
-                             "start dockerd or point DOCKER_HOST at it") from None
+            raise ImageError(
+                f"connect: cannot reach the Docker daemon at {host} ({_reason(exc)}); "
+                "start dockerd or point DOCKER_HOST at it"
+            ) from None
 
     # ------------------------------------------------------------------------------------ OS image
 
@@ -89,20 +91,28 @@ class Driver:
                 self.client.images.get(tag)
             except ImageNotFound:
                 if tag != DEFAULT_OS_IMAGE["cpu"]:
-                    raise ImageError(f"prepare OS image: {tag} is not in the Docker engine and this machine cannot "
-                                     f"pull it; load it first or leave --base-image at {DEFAULT_OS_IMAGE['cpu']}") from None
+                    raise ImageError(
+                        f"prepare OS image: {tag} is not in the Docker engine and this machine cannot "
+                        f"pull it; load it first or leave --base-image at {DEFAULT_OS_IMAGE['cpu']}"
+                    ) from None
                 tarball = self._debootstrap(cache)
                 repository, _, version = tag.partition(":")
                 with self.console.status(f"importing {tarball.name} as {tag}"):
-                    self.client.api.import_image_from_file(str(tarball), repository=repository, tag=version,
-                                                           changes=["ENV LANG=C.UTF-8"])
+                    self.client.api.import_image_from_file(
+                        str(tarball), repository=repository, tag=version, changes=["ENV LANG=C.UTF-8"]
+                    )
             lacks = self._lacks(tag)
         if lacks:
-            fix = (f"remove it (docker rmi {tag}) and it is made again" if tag == DEFAULT_OS_IMAGE["cpu"] else
-                   f"use an image with Debian bookworm's python3 and python3-venv, or leave --base-image at "
-                   f"{DEFAULT_OS_IMAGE['cpu']}")
-            raise ImageError(f"prepare OS image: {tag} {lacks}: the cpu base makes a Python {OS_PYTHON} venv "
-                             f"there for the wheelhouse; {fix}")
+            fix = (
+                f"remove it (docker rmi {tag}) and it is made again"
+                if tag == DEFAULT_OS_IMAGE["cpu"]
+                else f"use an image with Debian bookworm's python3 and python3-venv, or leave --base-image at "
+                f"{DEFAULT_OS_IMAGE['cpu']}"
+            )
+            raise ImageError(
+                f"prepare OS image: {tag} {lacks}: the cpu base makes a Python {OS_PYTHON} venv "
+                f"there for the wheelhouse; {fix}"
+            )
 
     def _lacks(self, tag: str) -> str | None:
         """What the OS image lacks for the cpu base (python3 at OS_PYTHON with venv), or None."""
@@ -133,8 +143,17 @@ class Driver:
         try:
             with self.console.status("debootstrap bookworm (minbase + python3), once; ~1-2 min"):
                 run = subprocess.run(
-                    ["debootstrap", "--variant=minbase", f"--include={','.join(DEBOOTSTRAP_INCLUDE)}", "bookworm",
-                     str(root), DEBIAN_MIRROR], capture_output=True, text=True)
+                    [
+                        "debootstrap",
+                        "--variant=minbase",
+                        f"--include={','.join(DEBOOTSTRAP_INCLUDE)}",
+                        "bookworm",
+                        str(root),
+                        DEBIAN_MIRROR,
+                    ],
+                    capture_output=True,
+                    text=True,
+                )
             if run.returncode:
                 last = (run.stdout + run.stderr).strip().splitlines()[-1:] or ["no output"]
                 raise ImageError(f"prepare OS image: debootstrap failed: {last[0]}")
@@ -143,8 +162,9 @@ class Driver:
                     if f.is_file():
                         f.unlink()
             partial = tarball.with_suffix(".partial")
-            subprocess.run(["tar", "--numeric-owner", "--one-file-system", "-C", str(root), "-cf", str(partial), "."],
-                           check=True)
+            subprocess.run(
+                ["tar", "--numeric-owner", "--one-file-system", "-C", str(root), "-cf", str(partial), "."], check=True
+            )
             partial.rename(tarball)
         finally:
             subprocess.run(["umount", "-R", str(root / "proc"), str(root / "sys")], capture_output=True)
@@ -160,8 +180,9 @@ class Driver:
         start = time.monotonic()
         image_id = None
         with _step(step), self.console.status(f"building {spec.kind}") as status:
-            for event in self.client.api.build(path=str(context), tag=spec.ref, rm=True, forcerm=True,
-                                               decode=True, network_mode=network):
+            for event in self.client.api.build(
+                path=str(context), tag=spec.ref, rm=True, forcerm=True, decode=True, network_mode=network
+            ):
                 if "error" in event:
                     raise ImageError(f"{step}: {_reason(Exception(event['error']))}")
                 line = event.get("stream", "").rstrip()
@@ -195,8 +216,9 @@ class Driver:
             test = self.client.images.get(ref).attrs["Config"]["Healthcheck"]["Test"]
             probe = test[1:] if test[0] == "CMD" else ["/bin/sh", "-c", test[1]]
             # As Kubernetes runs it (deploy/k8s): a read-only root filesystem, a writable /tmp.
-            container = self.client.containers.run(ref, detach=True, network_mode="none", read_only=True,
-                                                   tmpfs={"/tmp": "rw,size=64m"})
+            container = self.client.containers.run(
+                ref, detach=True, network_mode="none", read_only=True, tmpfs={"/tmp": "rw,size=64m"}
+            )
             start = time.monotonic()
             try:
                 with self.console.status(f"waiting for {ref} to be ready"):
@@ -204,14 +226,17 @@ class Driver:
                         container.reload()
                         if container.status not in ("created", "running"):
                             lines = container.logs(tail=5).decode(errors="replace").strip().splitlines()
-                            raise ImageError(f"{step}: the server exited ({container.status}): "
-                                             f"{lines[-1] if lines else 'no output'}")
+                            raise ImageError(
+                                f"{step}: the server exited ({container.status}): {lines[-1] if lines else 'no output'}"
+                            )
                         if container.exec_run(probe).exit_code == 0:
                             return time.monotonic() - start
                         state = self._ready_state(container)
                         if state.get("state") == "failed" or time.monotonic() - start > timeout:
-                            raise ImageError(f"{step}: /ready is not 200 after {time.monotonic() - start:.0f} s: "
-                                             f"{state.get('state', 'no answer')}: {state.get('reason', '')}")
+                            raise ImageError(
+                                f"{step}: /ready is not 200 after {time.monotonic() - start:.0f} s: "
+                                f"{state.get('state', 'no answer')}: {state.get('reason', '')}"
+                            )
                         time.sleep(1)
             finally:
                 container.remove(force=True)
@@ -219,9 +244,11 @@ class Driver:
     @staticmethod
     def _ready_state(container) -> dict:
         """/ready's JSON body (state and reason), read from inside the container."""
-        fetch = ("import urllib.request as u\ntry:\n print(u.urlopen('http://127.0.0.1:%s/ready' % "
-                 "__import__('os').environ['GEMMA4_PORT'], timeout=4).read().decode())\n"
-                 "except u.HTTPError as e:\n print(e.read().decode())")
+        fetch = (
+            "import urllib.request as u\ntry:\n print(u.urlopen('http://127.0.0.1:%s/ready' % "
+            "__import__('os').environ['GEMMA4_PORT'], timeout=4).read().decode())\n"
+            "except u.HTTPError as e:\n print(e.read().decode())"
+        )
         try:
             return json.loads(container.exec_run(["python", "-c", fetch]).output)
         except ValueError:
@@ -234,8 +261,12 @@ class Driver:
         start = time.monotonic()
         status: dict[str, str] = {}
         digest = None
-        with _step(step), Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
-                                   console=self.console, transient=True) as bars:
+        with (
+            _step(step),
+            Progress(
+                TextColumn("{task.description}"), BarColumn(), DownloadColumn(), console=self.console, transient=True
+            ) as bars,
+        ):
             tasks = {}
             for event in self.client.api.push(spec.repository, tag=spec.tag, stream=True, decode=True):
                 if "error" in event:
@@ -246,8 +277,12 @@ class Driver:
                     if layer not in tasks:
                         tasks[layer] = bars.add_task(layer, total=None)
                     detail = event.get("progressDetail") or {}
-                    bars.update(tasks[layer], description=f"{layer} {event['status']}",
-                                completed=detail.get("current"), total=detail.get("total"))
+                    bars.update(
+                        tasks[layer],
+                        description=f"{layer} {event['status']}",
+                        completed=detail.get("current"),
+                        total=detail.get("total"),
+                    )
                 digest = event.get("aux", {}).get("Digest", digest)
             if digest is None:
                 raise ImageError(f"{step}: the registry gave no digest")
@@ -255,8 +290,7 @@ class Driver:
                 self.console.print(f"  {layer}  {state}", highlight=False)
             uploaded = {layer for layer, state in status.items() if state == "Pushed"}
             nbytes = self._uploaded_bytes(spec, digest, uploaded)
-        return Pushed(spec.ref, digest, len(uploaded), len(status) - len(uploaded), nbytes,
-                      time.monotonic() - start)
+        return Pushed(spec.ref, digest, len(uploaded), len(status) - len(uploaded), nbytes, time.monotonic() - start)
 
     def _uploaded_bytes(self, spec: ImageSpec, digest: str, uploaded: set[str]) -> int | None:
         """Compressed size of the uploaded layers: the registry's manifest lists the blobs in the order
@@ -266,8 +300,9 @@ class Driver:
             return None  # Docker Hub: the manifest needs a token; the layer counts still tell the story
         scheme = "http" if registry.startswith(("127.", "localhost")) else "https"
         try:
-            manifest = requests.get(f"{scheme}://{registry}/v2/{name}/manifests/{digest}",
-                                    headers={"Accept": MANIFEST_TYPES}, timeout=30)
+            manifest = requests.get(
+                f"{scheme}://{registry}/v2/{name}/manifests/{digest}", headers={"Accept": MANIFEST_TYPES}, timeout=30
+            )
             manifest.raise_for_status()
         except requests.RequestException:
             return None

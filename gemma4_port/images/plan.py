@@ -16,13 +16,11 @@ import json
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
 
 from contract.errors import Gemma4Error
 from contract.versions import SYSTEM_PACKAGES
-
-from pathlib import Path
-
 from gemma4_port.source.manifest import Manifest
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
@@ -120,8 +118,10 @@ def served_variant(manifest: Manifest, kind: str) -> str:
     for v in manifest.variants:
         if v.tp == tp:
             return v.name
-    raise ImageError(f"plan: {kind} needs a variant with tp {tp}; {manifest.name} has none "
-                     f"({', '.join(f'{v.name} (tp {v.tp})' for v in manifest.variants)})")
+    raise ImageError(
+        f"plan: {kind} needs a variant with tp {tp}; {manifest.name} has none "
+        f"({', '.join(f'{v.name} (tp {v.tp})' for v in manifest.variants)})"
+    )
 
 
 def base_variants(manifest: Manifest) -> tuple[str, ...]:
@@ -139,16 +139,19 @@ def _selected(tags: dict[str, str], only: tuple[str, ...]) -> list[str]:
     by_name = {**{tag: kind for kind, tag in tags.items()}, **{kind: kind for kind in tags}}
     unknown = [o for o in only if o not in by_name]
     if unknown:
-        raise ImageError(f"plan: --tags {','.join(unknown)}: not an image of this manifest; "
-                         f"choose from {', '.join(f'{k} ({t})' for k, t in tags.items())}")
+        raise ImageError(
+            f"plan: --tags {','.join(unknown)}: not an image of this manifest; "
+            f"choose from {', '.join(f'{k} ({t})' for k, t in tags.items())}"
+        )
     wanted = {by_name[o] for o in only}
     if wanted & set(SLIM_TP):
         wanted.add("base")  # a slim image is FROM the base: dependency order, base first
     return [kind for kind in tags if kind in wanted]
 
 
-def plan_images(manifest: Manifest, options: ImageOptions, build_files: Iterable[str] = (),
-                server_files: Iterable[str] = ()) -> list[ImageSpec]:
+def plan_images(
+    manifest: Manifest, options: ImageOptions, build_files: Iterable[str] = (), server_files: Iterable[str] = ()
+) -> list[ImageSpec]:
     """The images to build, in dependency order. `build_files` / `server_files` are repo-relative
     files for the base's build tools and the slim's server (the files under BUILD_TOOLS / SERVER_CODE)."""
     if options.flavour not in FLAVOURS:
@@ -161,8 +164,9 @@ def plan_images(manifest: Manifest, options: ImageOptions, build_files: Iterable
     base = _base_spec(manifest, options, repository, base_tag, variants, tuple(build_files))
     specs = {"base": base}
     for kind in slims:
-        specs[kind] = _slim_spec(manifest, options, base, kind, tags[kind], served_variant(manifest, kind),
-                                 tuple(server_files))
+        specs[kind] = _slim_spec(
+            manifest, options, base, kind, tags[kind], served_variant(manifest, kind), tuple(server_files)
+        )
     return [specs[kind] for kind in _selected({"base": base_tag, **tags}, options.only)]
 
 
@@ -188,8 +192,14 @@ def swap_advice(variant: str, swap_gib: float | None) -> str:
     return f"{variant}: the compile needs >= {swap_gib:g} GiB of swap on an inf2.8xlarge (128 GiB RAM; build.py plan)"
 
 
-def _base_spec(manifest: Manifest, options: ImageOptions, repository: str, tag: str, variants: tuple[str, ...],
-               build_files: tuple[str, ...]) -> ImageSpec:
+def _base_spec(
+    manifest: Manifest,
+    options: ImageOptions,
+    repository: str,
+    tag: str,
+    variants: tuple[str, ...],
+    build_files: tuple[str, ...],
+) -> ImageSpec:
     flavour = options.flavour
     os_image = options.base_image or DEFAULT_OS_IMAGE[flavour]
     tc = manifest.toolchain
@@ -210,32 +220,60 @@ def _base_spec(manifest: Manifest, options: ImageOptions, repository: str, tag: 
             neuron_apt_repo=NEURON_APT_REPO,
             os_apt=" ".join(f"{p}={v}" for p, v in OS_APT_PINS.items()),
             torch=".".join(tc.torch_neuronx.split(".")[:2]) + ".*",  # torch-neuronx X.Y.* runs on torch X.Y
-            neuron_pins=" ".join(f'"{p}=={v}"' for p, v in (
-                ("neuronx-cc", tc.neuronx_cc), ("torch-neuronx", tc.torch_neuronx),
-                ("neuronx-distributed", tc.neuronx_distributed))),
+            neuron_pins=" ".join(
+                f'"{p}=={v}"'
+                for p, v in (
+                    ("neuronx-cc", tc.neuronx_cc),
+                    ("torch-neuronx", tc.torch_neuronx),
+                    ("neuronx-distributed", tc.neuronx_distributed),
+                )
+            ),
             # The manifest's exact builds; a Neuron Debian version carries a -<revision> ("2.30.51.0-<hash>").
-            neuron_apt=" ".join(f"{p}={v}-*" for p, v in zip(SYSTEM_PACKAGES, (
-                tc.neuron_runtime, tc.neuron_collectives, tc.neuron_tools), strict=True)),
-            model_source=source, model_revision=manifest.model.revision or "main",
+            neuron_apt=" ".join(
+                f"{p}={v}-*"
+                for p, v in zip(
+                    SYSTEM_PACKAGES, (tc.neuron_runtime, tc.neuron_collectives, tc.neuron_tools), strict=True
+                )
+            ),
+            model_source=source,
+            model_revision=manifest.model.revision or "main",
             hf_cache_dir=f"/opt/hf/hub/models--{source.replace('/', '--')}",
             swap_comments="\n".join(f"#   {swap_advice(v, swap.get(v))}" for v in variants),
             requirements=" ".join(f'"{r}"' for r in options.requirements),
             compile="\n".join(  # one RUN per variant: each is cached on its own
                 f"RUN HF_HUB_OFFLINE=1 python build.py compile manifest.yaml --variant {v} --backend neuron "
-                f"--out {APP_DIR}/artifacts/{v}" for v in variants),
+                f"--out {APP_DIR}/artifacts/{v}"
+                for v in variants
+            ),
         )
         for v in variants:
             if swap.get(v) is not None:
                 labels.append((f"gemma4-inf2.compile-swap-gib.{v}", f"{swap[v]:g}"))
     return ImageSpec(
-        kind="base", flavour=flavour, repository=repository, tag=tag, template=f"base-{flavour}.template",
-        from_image=os_image, depends_on=None, variants=variants, context=tuple(context), env=(),
-        labels=tuple(_oci_labels(options, os_image, None) + labels), values=tuple(values.items()),
+        kind="base",
+        flavour=flavour,
+        repository=repository,
+        tag=tag,
+        template=f"base-{flavour}.template",
+        from_image=os_image,
+        depends_on=None,
+        variants=variants,
+        context=tuple(context),
+        env=(),
+        labels=tuple(_oci_labels(options, os_image, None) + labels),
+        values=tuple(values.items()),
     )
 
 
-def _slim_spec(manifest: Manifest, options: ImageOptions, base: ImageSpec, kind: str, tag: str, variant: str,
-               server_files: tuple[str, ...]) -> ImageSpec:
+def _slim_spec(
+    manifest: Manifest,
+    options: ImageOptions,
+    base: ImageSpec,
+    kind: str,
+    tag: str,
+    variant: str,
+    server_files: tuple[str, ...],
+) -> ImageSpec:
     tp = manifest.variant(variant).tp
     env = (
         ("GEMMA4_ARTIFACT", f"{APP_DIR}/artifacts/{variant}"),
@@ -247,21 +285,37 @@ def _slim_spec(manifest: Manifest, options: ImageOptions, base: ImageSpec, kind:
         ("PYTHONPATH", SERVER_DIR),
     )
     return ImageSpec(
-        kind=kind, flavour=options.flavour, repository=base.repository, tag=tag, template="slim.template",
-        from_image=base.ref, depends_on="base", variants=(variant,),
-        context=tuple((f"{SERVER_CONTEXT}/{f}", f"code:{f}") for f in server_files), env=env,
-        labels=tuple(_oci_labels(options, base.ref, None) + [("gemma4-inf2.flavour", options.flavour),
-                                                             ("gemma4-inf2.variants", variant)]),
-        values=(("uid", str(SERVER_UID)), ("server", SERVER_DIR), ("port", str(SERVER_PORT)),
-                ("start_period", START_PERIOD[options.flavour])),
+        kind=kind,
+        flavour=options.flavour,
+        repository=base.repository,
+        tag=tag,
+        template="slim.template",
+        from_image=base.ref,
+        depends_on="base",
+        variants=(variant,),
+        context=tuple((f"{SERVER_CONTEXT}/{f}", f"code:{f}") for f in server_files),
+        env=env,
+        labels=tuple(
+            _oci_labels(options, base.ref, None)
+            + [("gemma4-inf2.flavour", options.flavour), ("gemma4-inf2.variants", variant)]
+        ),
+        values=(
+            ("uid", str(SERVER_UID)),
+            ("server", SERVER_DIR),
+            ("port", str(SERVER_PORT)),
+            ("start_period", START_PERIOD[options.flavour]),
+        ),
     )
 
 
 def pin_base(spec: ImageSpec, digest: str) -> ImageSpec:
     """The slim spec once its base has a registry digest: FROM by digest, and the digest in its labels."""
     labels = tuple(kv for kv in spec.labels if kv[0] != "org.opencontainers.image.base.digest")
-    return replace(spec, from_image=f"{spec.repository}@{digest}",
-                   labels=labels + (("org.opencontainers.image.base.digest", digest),))
+    return replace(
+        spec,
+        from_image=f"{spec.repository}@{digest}",
+        labels=labels + (("org.opencontainers.image.base.digest", digest),),
+    )
 
 
 # -------------------------------------------------------------------------------------------- render
@@ -283,15 +337,21 @@ def render_dockerfile(spec: ImageSpec) -> str:
     """The Dockerfile of one image: its template under images/ with the spec's values filled in."""
     values = dict(spec.values)
     values.update(
-        from_image=spec.from_image, kind=spec.kind, flavour=spec.flavour, ref=spec.ref,
-        env=_instruction("ENV", spec.env), labels=_instruction("LABEL", spec.labels),
+        from_image=spec.from_image,
+        kind=spec.kind,
+        flavour=spec.flavour,
+        ref=spec.ref,
+        env=_instruction("ENV", spec.env),
+        labels=_instruction("LABEL", spec.labels),
         variants=", ".join(spec.variants),
     )
     if spec.kind == "base":
         values["artifacts"] = "\n".join(_artifact_lines(spec))
     if spec.kind in SLIM_TP:
-        probe = ("import os, urllib.request; urllib.request.urlopen("
-                 "'http://127.0.0.1:%s/ready' % os.environ['GEMMA4_PORT'], timeout=4)")
+        probe = (
+            "import os, urllib.request; urllib.request.urlopen("
+            "'http://127.0.0.1:%s/ready' % os.environ['GEMMA4_PORT'], timeout=4)"
+        )
         values["healthcheck"] = json.dumps(["python", "-c", probe])
         values["cmd"] = json.dumps(["python", "-m", "runtime.serve"])  # the checks of `build.py serve`, then gunicorn
     if spec.flavour == "neuron" and spec.kind == "base":
@@ -311,17 +371,21 @@ def _neuron_weights(values: dict[str, str]) -> str:
     if values["weights_mode"] == "random":
         return "# Random weights: `build.py compile` makes them from the manifest's seed."
     if values["weights_mode"] == "copy":
-        return ("# The checkpoint, downloaded on the build host (its HF_TOKEN stays there), copied in.\n"
-                f"COPY checkpoint/ {values['hf_cache_dir']}/")
-    download = (f"from huggingface_hub import snapshot_download; "
-                f"snapshot_download({values['model_source']!r}, revision={values['model_revision']!r})")
+        return (
+            "# The checkpoint, downloaded on the build host (its HF_TOKEN stays there), copied in.\n"
+            f"COPY checkpoint/ {values['hf_cache_dir']}/"
+        )
+    download = (
+        f"from huggingface_hub import snapshot_download; "
+        f"snapshot_download({values['model_source']!r}, revision={values['model_revision']!r})"
+    )
     return (
         "# Gated models need a token: a BuildKit secret is mounted for this one RUN and never lands in a\n"
         "# layer. The classic builder (docker SDK) cannot pass secrets: build this stage with\n"
         "#   docker buildx build --secret id=hf_token,env=HF_TOKEN ...\n"
         "# or use `build.py images --weights copy` to copy a checkpoint downloaded on the host.\n"
         "RUN --mount=type=secret,id=hf_token,required=false \\\n"
-        "    HF_TOKEN=\"$(cat /run/secrets/hf_token 2>/dev/null)\" \\\n"
+        '    HF_TOKEN="$(cat /run/secrets/hf_token 2>/dev/null)" \\\n'
         f"    python -c {json.dumps(download)}"
     )
 

@@ -23,13 +23,12 @@ from rich.table import Table
 
 from contract.dtypes import DTYPES
 from contract.layout import NeuronLayout, neuron_layout
-
 from gemma4_port.console import console as build_console
-from gemma4_port.source.configs import text_config_for
 from gemma4_port.port.lint import SBUF_PARTITION_BYTES
-from gemma4_port.source.manifest import Manifest, Variant, load_manifest
 from gemma4_port.port.model import Gemma4Decoder, kinds_present, kv_shapes, ring_size
 from gemma4_port.port.sharding import ShardingError, shard_model, shard_table
+from gemma4_port.source.configs import text_config_for
+from gemma4_port.source.manifest import Manifest, Variant, load_manifest
 
 GIB = 2**30
 CORE_GIB = 16  # HBM per NeuronCore-v2: 32 GiB per Inferentia2 chip, two cores
@@ -150,12 +149,14 @@ def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
     ranks = range(variant.tp)
     scores, rows = max(sizes.transient(variant.tp, r, variant) for r in ranks)
     return Footprint(
-        variant=variant, layout=neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets,
-                                             variant.batch),
+        variant=variant,
+        layout=neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets, variant.batch),
         rank_weights=size * max(sizes.weights(variant.tp, r) for r in ranks),
         rank_kv=size * max(sizes.kv(variant.tp, r, variant.batch, variant.kv_max, sizes.ring(variant)) for r in ranks),
-        rank_scores=4 * scores, rank_rows=size * rows,
-        host_tables=size * sizes.host_tables(), host_rope=size * sizes.host_rope(variant.kv_max),
+        rank_scores=4 * scores,
+        rank_rows=size * rows,
+        host_tables=size * sizes.host_tables(),
+        host_rope=size * sizes.host_rope(variant.kv_max),
         whole_weights=size * sizes.weights(1, 0),
     )
 
@@ -252,27 +253,57 @@ SHORT = {"float32": "fp32", "bfloat16": "bf16"}
 def describe(layout: NeuronLayout) -> str:
     copies = len(layout.keys.get("copy", ()))
     n = len(layout.device_graphs) - copies
-    return (f"{n} decode (host prefill)" if layout.host_prefill else f"{n} graphs") + (f" + {copies} copy" if copies else "")
+    return (f"{n} decode (host prefill)" if layout.host_prefill else f"{n} graphs") + (
+        f" + {copies} copy" if copies else ""
+    )
 
 
 def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> None:
     core = Table(title=f"{manifest.name}: per NeuronCore ({CORE_GIB} GiB), GiB")
-    for col in ("variant", "tp", "dtype", "batch x kv_max", "ring", "graphs", "weights", "KV", "chunk",
-                "kv_max up to", "per core", "fits"):
+    for col in (
+        "variant",
+        "tp",
+        "dtype",
+        "batch x kv_max",
+        "ring",
+        "graphs",
+        "weights",
+        "KV",
+        "chunk",
+        "kv_max up to",
+        "per core",
+        "fits",
+    ):
         core.add_column(col)
     for fp in fps:
         v = fp.variant
-        core.add_row(v.name, str(v.tp), SHORT[v.dtype], f"{v.batch} x {v.kv_max}", str(sizes.ring(v)),
-                     describe(fp.layout), gib(fp.rank_weights), gib(fp.rank_kv), gib(fp.rank_transient),
-                     kv_max_limit(sizes, fp), f"{gib(fp.per_core)} ({100 * fp.per_core / (CORE_GIB * GIB):.0f}%)",
-                     "yes" if fp.fits_core else "[bold red]NO[/]")
+        core.add_row(
+            v.name,
+            str(v.tp),
+            SHORT[v.dtype],
+            f"{v.batch} x {v.kv_max}",
+            str(sizes.ring(v)),
+            describe(fp.layout),
+            gib(fp.rank_weights),
+            gib(fp.rank_kv),
+            gib(fp.rank_transient),
+            kv_max_limit(sizes, fp),
+            f"{gib(fp.per_core)} ({100 * fp.per_core / (CORE_GIB * GIB):.0f}%)",
+            "yes" if fp.fits_core else "[bold red]NO[/]",
+        )
     console.print(core)
     host = Table(title=f"{manifest.name}: host RAM, GiB")
     for col in ("variant", "serve", "first load", "compile (est.)", *(f"{i.name}" for i in INSTANCES), "build swap"):
         host.add_column(col)
     for fp in fps:
-        host.add_row(fp.variant.name, gib(fp.serve), gib(fp.load_peak), gib(fp.compile_peak),
-                     *(host_verdict(fp, i) for i in INSTANCES), str(swap_gib(fp.compile_peak, BUILD_HOST.host_gib)))
+        host.add_row(
+            fp.variant.name,
+            gib(fp.serve),
+            gib(fp.load_peak),
+            gib(fp.compile_peak),
+            *(host_verdict(fp, i) for i in INSTANCES),
+            str(swap_gib(fp.compile_peak, BUILD_HOST.host_gib)),
+        )
     console.print(host)
     for fp in fps:
         if not fp.fits_core:

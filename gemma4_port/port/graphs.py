@@ -50,7 +50,7 @@ class _FlatGraph(nn.Module):
         a = bind(self.names, self.graph, args)
         rope, start = {}, 0
         for kind, d in self.widths.items():
-            rope[kind] = (a["rope"][..., start:start + d], a["rope"][..., start + d:start + 2 * d])  # (B, S, D) x 2
+            rope[kind] = (a["rope"][..., start : start + d], a["rope"][..., start + d : start + 2 * d])  # (B, S, D) x 2
             start += 2 * d
         kv = [a[n] for n in self.names if n.startswith("kv")]
         rows = {kind: a[f"rows_{kind}"] for kind in self.widths}  # (N, 2, T)

@@ -32,8 +32,15 @@ FORBIDDEN = {
     "prim::If": "control flow",
     "prim::Loop": "control flow",
 }
-TRANSCENDENTAL = {"aten::tanh", "aten::exp", "aten::softmax", "aten::_softmax", "aten::log_softmax",
-                  "aten::sigmoid", "aten::erf"}
+TRANSCENDENTAL = {
+    "aten::tanh",
+    "aten::exp",
+    "aten::softmax",
+    "aten::_softmax",
+    "aten::log_softmax",
+    "aten::sigmoid",
+    "aten::erf",
+}
 _ELEMENT_BYTES = {"Float": 4, "Double": 8, "BFloat16": 2, "Half": 2}
 
 
@@ -75,5 +82,6 @@ def lint_graph(graph, name: str, vocab: int) -> list[str]:
 def check_traced(module, name: str, vocab: int) -> None:
     problems = lint_graph(module.inlined_graph, name, vocab)
     if problems:
-        raise LintError("graph lint failed (the Neuron compiler would reject or mis-compile this):\n  "
-                        + "\n  ".join(problems))
+        raise LintError(
+            "graph lint failed (the Neuron compiler would reject or mis-compile this):\n  " + "\n  ".join(problems)
+        )

@@ -20,7 +20,6 @@ import torch
 from torch import nn
 
 from contract.errors import Gemma4Error
-
 from gemma4_port.port.sharding import LayerShard, ModelShard
 
 
@@ -91,8 +90,8 @@ class Attention(nn.Module):
         B, _, S, D = q.shape
         s = self.shard
         T = k.shape[2]
-        k = k[:, s.kv_use_start:s.kv_use_start + s.kv_use]  # (B, KVu, T, D)
-        v = v[:, s.kv_use_start:s.kv_use_start + s.kv_use]  # (B, KVu, T, D)
+        k = k[:, s.kv_use_start : s.kv_use_start + s.kv_use]  # (B, KVu, T, D)
+        v = v[:, s.kv_use_start : s.kv_use_start + s.kv_use]  # (B, KVu, T, D)
         # Query groups folded into the query length: one matmul per KV head, K/V never expanded or copied.
         q = q.reshape(B, s.kv_use, s.groups * S, D)  # (B, KVu, G*S, D)
         scores = torch.matmul(q, k.transpose(-1, -2)).view(B, s.kv_use, s.groups, S, T)  # (B, KVu, G, S, T)
@@ -113,7 +112,11 @@ def write_one_hot(buf: torch.Tensor, new: torch.Tensor, oh: torch.Tensor) -> tor
 class MLP(nn.Module):
     def __init__(self, hidden: int, width: int):
         super().__init__()
-        self.gate_proj, self.up_proj, self.down_proj = linear(hidden, width), linear(hidden, width), linear(width, hidden)
+        self.gate_proj, self.up_proj, self.down_proj = (
+            linear(hidden, width),
+            linear(hidden, width),
+            linear(width, hidden),
+        )
 
     def forward(self, x):
         return self.down_proj(gelu_tanh(self.gate_proj(x)) * self.up_proj(x))
@@ -125,8 +128,12 @@ class Layer(nn.Module):
         self.shard = s
         self.self_attn = Attention(s, m.hidden, m.eps)
         self.mlp = MLP(m.hidden, s.intermediate)
-        for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                     "post_feedforward_layernorm"):
+        for name in (
+            "input_layernorm",
+            "post_attention_layernorm",
+            "pre_feedforward_layernorm",
+            "post_feedforward_layernorm",
+        ):
             setattr(self, name, RMSNorm(m.hidden, m.eps))
         self.register_buffer("layer_scalar", torch.full((1,), float("nan")))  # must come from the checkpoint
         if m.ple_dim:
@@ -168,8 +175,10 @@ class Gemma4Decoder(nn.Module):
         out.append(WeightEntry("norm.weight", "norm.weight"))
         out.append(WeightEntry("lm_head.weight", "embed_tokens.weight" if m.tied else "lm_head.weight"))
         if m.ple_dim:
-            out += [WeightEntry(f"{n}.weight", f"{n}.weight")
-                    for n in ("per_layer_model_projection", "per_layer_projection_norm")]
+            out += [
+                WeightEntry(f"{n}.weight", f"{n}.weight")
+                for n in ("per_layer_model_projection", "per_layer_projection_norm")
+            ]
         for s in m.layers:
             p = f"layers.{s.index}."
             D = s.head_dim
@@ -188,13 +197,19 @@ class Gemma4Decoder(nn.Module):
             out.append(WeightEntry(p + "mlp.gate_proj.weight", p + "mlp.gate_proj.weight", *mlp_rows))
             out.append(WeightEntry(p + "mlp.up_proj.weight", p + "mlp.up_proj.weight", *mlp_rows))
             out.append(WeightEntry(p + "mlp.down_proj.weight", p + "mlp.down_proj.weight", *mlp_cols))
-            for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                      "post_feedforward_layernorm"):
+            for n in (
+                "input_layernorm",
+                "post_attention_layernorm",
+                "pre_feedforward_layernorm",
+                "post_feedforward_layernorm",
+            ):
                 out.append(WeightEntry(p + n + ".weight", p + n + ".weight"))
             out.append(WeightEntry(p + "layer_scalar", p + "layer_scalar"))
             if m.ple_dim:
-                out += [WeightEntry(p + f"{n}.weight", p + f"{n}.weight")
-                        for n in ("per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm")]
+                out += [
+                    WeightEntry(p + f"{n}.weight", p + f"{n}.weight")
+                    for n in ("per_layer_input_gate", "per_layer_projection", "post_per_layer_input_norm")
+                ]
         return out
 
     @torch.no_grad()
@@ -209,8 +224,9 @@ class Gemma4Decoder(nn.Module):
             src = reader.get(e.key) if e.dim is None else reader.get_slice(e.key, e.dim, e.start, e.stop)
             dst = tensors[e.name]
             if tuple(src.shape) != tuple(dst.shape):
-                raise WeightError(f"checkpoint tensor {e.key!r} has shape {tuple(src.shape)}, "
-                                  f"{e.name} needs {tuple(dst.shape)}")
+                raise WeightError(
+                    f"checkpoint tensor {e.key!r} has shape {tuple(src.shape)}, {e.name} needs {tuple(dst.shape)}"
+                )
             dst.copy_(src.to(dst.dtype))
 
     # -- graph pieces ----------------------------------------------------------------------------
@@ -218,9 +234,11 @@ class Gemma4Decoder(nn.Module):
     def project_ple(self, h: torch.Tensor, ple: torch.Tensor) -> torch.Tensor:
         """h (B, S, H), ple (B, S, L, P) raw host lookup -> mixed per-layer inputs (B, S, L, P)."""
         B, S, _ = h.shape
-        proj = self.per_layer_model_projection(h) * (self.shard.hidden ** -0.5)  # (B, S, L*P)
-        proj = self.per_layer_projection_norm(proj.view(B, S, self.shard.num_layers, self.shard.ple_dim))  # (B, S, L, P)
-        return (proj + ple) * (2.0 ** -0.5)
+        proj = self.per_layer_model_projection(h) * (self.shard.hidden**-0.5)  # (B, S, L*P)
+        proj = self.per_layer_projection_norm(
+            proj.view(B, S, self.shard.num_layers, self.shard.ple_dim)
+        )  # (B, S, L, P)
+        return (proj + ple) * (2.0**-0.5)
 
     def layer_tail(self, layer: Layer, h, attn_out, ple_i):
         """Everything in a decoder layer after attention: norms, MLP, PLE, layer_scalar."""
@@ -317,13 +335,15 @@ class Gemma4Decoder(nn.Module):
 
     def leading(self, kv, rows) -> list[torch.Tensor]:
         """The first T_kind positions of every KV tensor, T_kind the width of its kind's rows."""
-        return [t[:, :, :rows[kind].shape[-1]] for kind, t in zip(kv_kinds(self.shard), kv)]  # (B, KVH, T, D)
+        return [t[:, :, : rows[kind].shape[-1]] for kind, t in zip(kv_kinds(self.shard), kv)]  # (B, KVH, T, D)
 
     @staticmethod
     def with_tail(read, kv) -> list[torch.Tensor]:
         """The untouched tail goes back as it came: the outputs are whole buffers (aliased on the device)."""
-        return [r if r.shape[2] == t.shape[2] else torch.cat((r, t[:, :, r.shape[2]:]), dim=2)  # (B, KVH, S, D)
-                for r, t in zip(read, kv)]
+        return [
+            r if r.shape[2] == t.shape[2] else torch.cat((r, t[:, :, r.shape[2] :]), dim=2)  # (B, KVH, S, D)
+            for r, t in zip(read, kv)
+        ]
 
 
 def copy_slot(source, target, held, kv, kinds) -> list[torch.Tensor]:
@@ -342,7 +362,7 @@ def copy_slot(source, target, held, kv, kinds) -> list[torch.Tensor]:
         part = t if kind == "sliding" else t[:, :, :T]  # (B, KVH, S, D), S the ring or T
         row = part[0:1]  # (1, KVH, S, D)
         for b in range(1, B):
-            row = torch.where(source[b] > 0, part[b:b + 1], row)  # (1, KVH, S, D)
+            row = torch.where(source[b] > 0, part[b : b + 1], row)  # (1, KVH, S, D)
         out.append(write_one_hot(part, row, whole if kind == "sliding" else keep))  # (B, KVH, S, D)
     return Gemma4Decoder.with_tail(out, kv)
 

@@ -99,7 +99,10 @@ def shard_model(config, tp: int = 1, rank: int = 0) -> ModelShard:
         lc = config.per_layer_config[i]
         head_dim, nkv = lc.head_dim, lc.num_key_value_heads
         owner = cache_layers[cache_of_layer[i]]
-        if config.per_layer_config[owner].num_key_value_heads != nkv or config.per_layer_config[owner].head_dim != head_dim:
+        if (
+            config.per_layer_config[owner].num_key_value_heads != nkv
+            or config.per_layer_config[owner].head_dim != head_dim
+        ):
             raise ShardingError(f"layer {i} and its KV owner {owner} disagree on KV heads or head_dim")
         group = nq // nkv
         q_heads, q_start = nq // tp, rank * (nq // tp)
@@ -117,20 +120,42 @@ def shard_model(config, tp: int = 1, rank: int = 0) -> ModelShard:
         inter_total = config.intermediate_size * (2 if config.use_double_wide_mlp and modes[i] == "reuse" else 1)
         if inter_total % tp:
             raise ShardingError(f"layer {i}: MLP width {inter_total} cannot be split over tp={tp}")
-        layers.append(LayerShard(
-            index=i, kind=kinds[i], head_dim=head_dim, q_heads_total=nq, kv_heads_total=nkv,
-            q_heads=q_heads, q_start=q_start, kv_rule=rule, kv_heads=kv_heads, kv_start=kv_start,
-            kv_use_start=kv_use_start, kv_use=kv_use, groups=q_heads // kv_use,
-            owns_cache=i < first_shared, cache=cache_of_layer[i],
-            k_eq_v=bool(config.attention_k_eq_v) and kinds[i] == "full",
-            intermediate=inter_total // tp, intermediate_start=rank * (inter_total // tp),
-            intermediate_total=inter_total,
-        ))
+        layers.append(
+            LayerShard(
+                index=i,
+                kind=kinds[i],
+                head_dim=head_dim,
+                q_heads_total=nq,
+                kv_heads_total=nkv,
+                q_heads=q_heads,
+                q_start=q_start,
+                kv_rule=rule,
+                kv_heads=kv_heads,
+                kv_start=kv_start,
+                kv_use_start=kv_use_start,
+                kv_use=kv_use,
+                groups=q_heads // kv_use,
+                owns_cache=i < first_shared,
+                cache=cache_of_layer[i],
+                k_eq_v=bool(config.attention_k_eq_v) and kinds[i] == "full",
+                intermediate=inter_total // tp,
+                intermediate_start=rank * (inter_total // tp),
+                intermediate_total=inter_total,
+            )
+        )
     return ModelShard(
-        tp=tp, rank=rank, hidden=config.hidden_size, vocab=config.vocab_size,
-        ple_dim=config.hidden_size_per_layer_input or 0, ple_vocab=config.vocab_size_per_layer_input,
-        eps=config.rms_norm_eps, sliding_window=config.sliding_window, first_shared=first_shared,
-        layers=tuple(layers), cache_layers=tuple(cache_layers), tied=bool(config.tie_word_embeddings),
+        tp=tp,
+        rank=rank,
+        hidden=config.hidden_size,
+        vocab=config.vocab_size,
+        ple_dim=config.hidden_size_per_layer_input or 0,
+        ple_vocab=config.vocab_size_per_layer_input,
+        eps=config.rms_norm_eps,
+        sliding_window=config.sliding_window,
+        first_shared=first_shared,
+        layers=tuple(layers),
+        cache_layers=tuple(cache_layers),
+        tied=bool(config.tie_word_embeddings),
     )
 
 
@@ -144,13 +169,23 @@ def shard_table(config, tp: int) -> Table:
     m = ranks[0]
     table = Table(
         title=f"sharding plan: tp={tp}, {m.num_layers} layers, {len(m.cache_layers)} KV caches "
-              f"({m.num_layers - m.first_shared} kv-shared layers)",
+        f"({m.num_layers - m.first_shared} kv-shared layers)",
         caption="q_proj, k/v_proj (when split), gate/up_proj split by output rows; o_proj, down_proj split by "
-                "input columns and all-reduced (one each per layer); lm_head, per-layer-input projections and "
-                "every norm replicated; word and per-layer embeddings stay on the host.",
+        "input columns and all-reduced (one each per layer); lm_head, per-layer-input projections and "
+        "every norm replicated; word and per-layer embeddings stay on the host.",
     )
-    for col in ("layer", "kind", "head_dim", "q heads", "K/V", "KV heads / rank", "queries -> KV heads by rank",
-                "KV cache", "MLP width", "replicated"):
+    for col in (
+        "layer",
+        "kind",
+        "head_dim",
+        "q heads",
+        "K/V",
+        "KV heads / rank",
+        "queries -> KV heads by rank",
+        "KV cache",
+        "MLP width",
+        "replicated",
+    ):
         table.add_column(col)
     for i, s in enumerate(m.layers):
         per_rank = [r.layers[i] for r in ranks]
@@ -162,9 +197,15 @@ def shard_table(config, tp: int) -> Table:
         if s.kv_rule == REPLICATED and s.owns_cache:
             replicated.append("k_proj" if s.k_eq_v else "k/v_proj")
         table.add_row(
-            str(i), s.kind, str(s.head_dim), f"{s.q_heads_total} -> {s.q_heads}/rank",
-            f"{s.kv_rule}{' (v = k)' if s.k_eq_v else ''}", f"{s.kv_heads} of {s.kv_heads_total}",
-            f"{reads} ({s.groups} q/kv)", "own" if s.owns_cache else f"layer {m.cache_layers[s.cache]}'s",
-            f"{s.intermediate_total} -> {s.intermediate}/rank", ", ".join(replicated),
+            str(i),
+            s.kind,
+            str(s.head_dim),
+            f"{s.q_heads_total} -> {s.q_heads}/rank",
+            f"{s.kv_rule}{' (v = k)' if s.k_eq_v else ''}",
+            f"{s.kv_heads} of {s.kv_heads_total}",
+            f"{reads} ({s.groups} q/kv)",
+            "own" if s.owns_cache else f"layer {m.cache_layers[s.cache]}'s",
+            f"{s.intermediate_total} -> {s.intermediate}/rank",
+            ", ".join(replicated),
         )
     return table

@@ -14,7 +14,6 @@ import torch
 
 from contract.errors import Gemma4Error
 from contract.files import read_parsed
-
 from gemma4_port.source.manifest import Manifest, RandomModel
 from gemma4_port.source.toy_tokenizer import EOS_ID, TOOL_RESPONSE, TURN_END, save_tokenizer, train_tokenizer
 
@@ -56,10 +55,13 @@ def resolve_checkpoint(manifest: Manifest, progress=None) -> Path:
     from huggingface_hub import snapshot_download
 
     try:
-        return Path(snapshot_download(
-            src.source, revision=src.revision,
-            allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"],
-        ))
+        return Path(
+            snapshot_download(
+                src.source,
+                revision=src.revision,
+                allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"],
+            )
+        )
     except Exception as exc:
         raise CheckpointError(
             f"cannot download {src.source}@{src.revision or 'main'}: {exc} "
@@ -127,7 +129,9 @@ def write_random_checkpoint(spec: RandomModel, folder: Path) -> None:
     tok = train_tokenizer(text.vocab_size, spec.seed, empty_thought_block=not text.hidden_size_per_layer_input)
     # A reply ends at <turn|>, and a tool call at <|tool_response> (the caller runs the tool).
     GenerationConfig(
-        bos_token_id=text.bos_token_id, pad_token_id=text.pad_token_id, do_sample=False,
+        bos_token_id=text.bos_token_id,
+        pad_token_id=text.pad_token_id,
+        do_sample=False,
         eos_token_id=[EOS_ID, *tok.convert_tokens_to_ids([TURN_END, TOOL_RESPONSE])],
     ).save_pretrained(folder)
     save_tokenizer(tok, folder)
@@ -137,8 +141,9 @@ def read_text_config(folder: Path):
     """The text-decoder config, whether the checkpoint is multimodal, unified or text-only."""
     from transformers import Gemma4TextConfig
 
-    raw = read_parsed(folder / "config.json", json.loads, CheckpointError, missing=f"{folder}/config.json is missing",
-                      syntax="JSON")
+    raw = read_parsed(
+        folder / "config.json", json.loads, CheckpointError, missing=f"{folder}/config.json is missing", syntax="JSON"
+    )
     model_type = raw.get("model_type")
     if model_type not in TEXT_MODEL_TYPES:
         raise CheckpointError(f"{folder}/config.json: model_type {model_type!r} is not one of {TEXT_MODEL_TYPES}")

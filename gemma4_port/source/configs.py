@@ -11,23 +11,57 @@ def _pattern(sliding: int, repeats: int) -> list[str]:
     return (["sliding_attention"] * sliding + ["full_attention"]) * repeats
 
 
-_COMMON = dict(vocab_size=262_144, vocab_size_per_layer_input=262_144, head_dim=256, global_head_dim=512,
-               final_logit_softcapping=30.0, tie_word_embeddings=True, hidden_activation="gelu_pytorch_tanh")
+_COMMON = dict(
+    vocab_size=262_144,
+    vocab_size_per_layer_input=262_144,
+    head_dim=256,
+    global_head_dim=512,
+    final_logit_softcapping=30.0,
+    tie_word_embeddings=True,
+    hidden_activation="gelu_pytorch_tanh",
+)
 
 # The published checkpoints' config.json shapes, used when config.json cannot be fetched.
 KNOWN_TEXT_CONFIGS: dict[str, dict] = {
-    "google/gemma-4-E2B-it": _COMMON | dict(
-        hidden_size=1536, intermediate_size=6144, num_hidden_layers=35, layer_types=_pattern(4, 7),
-        num_attention_heads=8, num_key_value_heads=1, hidden_size_per_layer_input=256,
-        num_kv_shared_layers=20, sliding_window=512, use_double_wide_mlp=True),
-    "google/gemma-4-E4B-it": _COMMON | dict(
-        hidden_size=2560, intermediate_size=10240, num_hidden_layers=42, layer_types=_pattern(5, 7),
-        num_attention_heads=8, num_key_value_heads=2, hidden_size_per_layer_input=256,
-        num_kv_shared_layers=18, sliding_window=512),
-    "google/gemma-4-12B-it": _COMMON | dict(
-        hidden_size=3840, intermediate_size=15360, num_hidden_layers=48, layer_types=_pattern(5, 8),
-        num_attention_heads=16, num_key_value_heads=8, num_global_key_value_heads=1, attention_k_eq_v=True,
-        hidden_size_per_layer_input=0, num_kv_shared_layers=0, sliding_window=1024),
+    "google/gemma-4-E2B-it": _COMMON
+    | dict(
+        hidden_size=1536,
+        intermediate_size=6144,
+        num_hidden_layers=35,
+        layer_types=_pattern(4, 7),
+        num_attention_heads=8,
+        num_key_value_heads=1,
+        hidden_size_per_layer_input=256,
+        num_kv_shared_layers=20,
+        sliding_window=512,
+        use_double_wide_mlp=True,
+    ),
+    "google/gemma-4-E4B-it": _COMMON
+    | dict(
+        hidden_size=2560,
+        intermediate_size=10240,
+        num_hidden_layers=42,
+        layer_types=_pattern(5, 7),
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        hidden_size_per_layer_input=256,
+        num_kv_shared_layers=18,
+        sliding_window=512,
+    ),
+    "google/gemma-4-12B-it": _COMMON
+    | dict(
+        hidden_size=3840,
+        intermediate_size=15360,
+        num_hidden_layers=48,
+        layer_types=_pattern(5, 8),
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        hidden_size_per_layer_input=0,
+        num_kv_shared_layers=0,
+        sliding_window=1024,
+    ),
 }
 
 

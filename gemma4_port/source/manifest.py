@@ -66,7 +66,12 @@ class Toolchain(Frozen):
     transformers: str
     # NxD ModelBuilder's own defaults (model_builder.py append_default_compiler_flags), which NxD
     # Inference also passes for bf16 weights: --auto-cast=none keeps the float32 the graph asks for.
-    compiler_args: tuple[str, ...] = ("--enable-saturate-infinity", "--auto-cast=none", "--model-type=transformer", "-O1")
+    compiler_args: tuple[str, ...] = (
+        "--enable-saturate-infinity",
+        "--auto-cast=none",
+        "--model-type=transformer",
+        "-O1",
+    )
 
 
 class Variant(Frozen):
@@ -75,8 +80,9 @@ class Variant(Frozen):
     batch: int = Field(1, ge=1, le=64)
     buckets: tuple[int, ...] = Field(min_length=1)
     kv_max: int = Field(ge=2)
-    key_buckets: tuple[int, ...] = Field((), description="cache lengths the decode and prefill graphs attend over; "
-                                         "default (kv_max,)")
+    key_buckets: tuple[int, ...] = Field(
+        (), description="cache lengths the decode and prefill graphs attend over; default (kv_max,)"
+    )
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     prefill: Literal["device", "host"] = "device"
 
@@ -98,8 +104,9 @@ class Variant(Frozen):
             )
         kv = list(self.key_buckets)
         if kv and (kv != sorted(set(kv)) or kv[0] < 1 or kv[-1] != self.kv_max):
-            raise ValueError(f"key_buckets must be positive, strictly increasing and end at kv_max "
-                             f"({self.kv_max}), got {kv}")
+            raise ValueError(
+                f"key_buckets must be positive, strictly increasing and end at kv_max ({self.kv_max}), got {kv}"
+            )
         return self
 
 
@@ -173,8 +180,14 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
 
 def load_manifest(path: str | Path) -> Manifest:
     path = Path(path)
-    data = read_parsed(path, yaml.safe_load, ManifestError, missing=f"{path}: no such manifest file", syntax="YAML",
-                       syntax_errors=(yaml.YAMLError,))
+    data = read_parsed(
+        path,
+        yaml.safe_load,
+        ManifestError,
+        missing=f"{path}: no such manifest file",
+        syntax="YAML",
+        syntax_errors=(yaml.YAMLError,),
+    )
     if not isinstance(data, dict):
         raise ManifestError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
     return parse_manifest({**data, "path": path}, str(path))

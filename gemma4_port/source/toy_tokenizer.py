@@ -13,21 +13,54 @@ from contract.errors import Gemma4Error
 
 # Gemma-4's control tokens. The first four keep Gemma's ids (pad 0, eos 1, bos 2, unk 3).
 SPECIAL_TOKENS = (
-    "<pad>", "<eos>", "<bos>", "<unk>", "<mask>",
-    "<|turn>", "<turn|>", "<|think|>", "<|channel>", "<channel|>",
-    "<|tool>", "<tool|>", "<|tool_call>", "<tool_call|>", "<|tool_response>", "<tool_response|>", '<|"|>',
-    "<|image>", "<image|>", "<|audio>", "<audio|>", "<|image|>", "<|audio|>", "<|video|>",
+    "<pad>",
+    "<eos>",
+    "<bos>",
+    "<unk>",
+    "<mask>",
+    "<|turn>",
+    "<turn|>",
+    "<|think|>",
+    "<|channel>",
+    "<channel|>",
+    "<|tool>",
+    "<tool|>",
+    "<|tool_call>",
+    "<tool_call|>",
+    "<|tool_response>",
+    "<tool_response|>",
+    '<|"|>',
+    "<|image>",
+    "<image|>",
+    "<|audio>",
+    "<audio|>",
+    "<|image|>",
+    "<|audio|>",
+    "<|video|>",
 )
 PAD_ID, EOS_ID, BOS_ID, UNK_ID = range(4)
 TURN_END, TOOL_RESPONSE = "<turn|>", "<|tool_response>"
 
 # The names tokenizer_config.json gives them (transformers exposes each as `tok.<name>`).
 NAMED_TOKENS = {
-    "sot_token": "<|turn>", "eot_token": "<turn|>", "think_token": "<|think|>", "soc_token": "<|channel>",
-    "eoc_token": "<channel|>", "std_token": "<|tool>", "etd_token": "<tool|>", "stc_token": "<|tool_call>",
-    "etc_token": "<tool_call|>", "str_token": "<|tool_response>", "etr_token": "<tool_response|>",
-    "escape_token": '<|"|>', "boi_token": "<|image>", "eoi_token": "<image|>", "boa_token": "<|audio>",
-    "eoa_token": "<audio|>", "image_token": "<|image|>", "audio_token": "<|audio|>",
+    "sot_token": "<|turn>",
+    "eot_token": "<turn|>",
+    "think_token": "<|think|>",
+    "soc_token": "<|channel>",
+    "eoc_token": "<channel|>",
+    "std_token": "<|tool>",
+    "etd_token": "<tool|>",
+    "stc_token": "<|tool_call>",
+    "etc_token": "<tool_call|>",
+    "str_token": "<|tool_response>",
+    "etr_token": "<tool_response|>",
+    "escape_token": '<|"|>',
+    "boi_token": "<|image>",
+    "eoi_token": "<image|>",
+    "boa_token": "<|audio>",
+    "eoa_token": "<audio|>",
+    "image_token": "<|image|>",
+    "audio_token": "<|audio|>",
 }
 
 # The real checkpoints' response_schema: one regex splits a reply into thinking, tool calls and
@@ -57,9 +90,11 @@ RESPONSE_SCHEMA = {
             },
         },
     },
-    "x-regex": (r"(\<\|channel\>thought\n(?P<thinking>.*?)\<channel\|\>)?"
-                r"(?P<tool_calls>\<\|tool_call\>.*\<tool_call\|\>)?"
-                r"(?P<content>(?:(?!\<turn\|\>)(?!\<\|tool_response\>).)+)?(?:\<turn\|\>|\<\|tool_response\>)?"),
+    "x-regex": (
+        r"(\<\|channel\>thought\n(?P<thinking>.*?)\<channel\|\>)?"
+        r"(?P<tool_calls>\<\|tool_call\>.*\<tool_call\|\>)?"
+        r"(?P<content>(?:(?!\<turn\|\>)(?!\<\|tool_response\>).)+)?(?:\<turn\|\>|\<\|tool_response\>)?"
+    ),
 }
 
 TEMPLATE_FILE = Path(__file__).with_name("chat_template.jinja")
@@ -67,6 +102,7 @@ TEMPLATE_FILE = Path(__file__).with_name("chat_template.jinja")
 
 class TokenizerTrainingError(Gemma4Error, ValueError):
     pass
+
 
 _SEED_TEXT = """\
 The capital of France is Paris. The capital of Italy is Rome. Hello world!
@@ -130,7 +166,11 @@ def train_tokenizer(vocab_size: int, seed: int, empty_thought_block: bool = Fals
         )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token="<bos>", eos_token="<eos>", unk_token="<unk>", pad_token="<pad>", mask_token="<mask>",
+        bos_token="<bos>",
+        eos_token="<eos>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        mask_token="<mask>",
         extra_special_tokens=NAMED_TOKENS | {"video_token": "<|video|>"},
     )
     fast.chat_template = chat_template(empty_thought_block)

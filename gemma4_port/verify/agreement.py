@@ -54,11 +54,16 @@ def compare(case: Case, dev_tokens, dev_logits, ref_tokens, ref_logits, cap, dty
     broken = next(((i, why) for i, s in enumerate(stats) if (why := bounds.exceeded(s))), None)
     if broken:
         i, why = broken
-        where = "" if first is None else f"; device {dev_tokens[first]} vs reference {ref_tokens[first]} at step {first}"
+        where = (
+            "" if first is None else f"; device {dev_tokens[first]} vs reference {ref_tokens[first]} at step {first}"
+        )
         row.verdict, row.note = ("LOGITS" if first is None else "MISMATCH"), f"step {i}: {why} ({dtype} bound){where}"
     elif first is not None:
         gap = float(ref_logits[first][ref_tokens[first]] - ref_logits[first][dev_tokens[first]])
-        row.verdict, row.note = "NEAR-TIE", f"reference gap {gap:.3g} at step {first}, every step within the {dtype} bounds"
+        row.verdict, row.note = (
+            "NEAR-TIE",
+            f"reference gap {gap:.3g} at step {first}, every step within the {dtype} bounds",
+        )
     elif case.golden is not None:
         if tuple(ref_tokens) != case.golden.tokens:
             row.verdict, row.note = "MISMATCH", "artifact.json's golden tokens are not the live reference's"

@@ -18,7 +18,11 @@ def load_reference(folder: Path):
     config = read_text_config(folder)
     config._attn_implementation = "eager"
     model, info = Gemma4ForCausalLM.from_pretrained(
-        str(folder), config=config, key_mapping=KEY_MAPPING, dtype=torch.float32, output_loading_info=True,
+        str(folder),
+        config=config,
+        key_mapping=KEY_MAPPING,
+        dtype=torch.float32,
+        output_loading_info=True,
     )
     missing = [k for k in info["missing_keys"] if not (k == "lm_head.weight" and config.tie_word_embeddings)]
     if missing:
@@ -42,4 +46,3 @@ def reference_greedy(model, ids: list[int], steps: int) -> tuple[list[int], list
         if i + 1 < steps:
             out = model(input_ids=torch.tensor([[tokens[-1]]]), cache=cache, use_cache=True)
     return tokens, logits
-

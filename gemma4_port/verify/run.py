@@ -18,11 +18,10 @@ from rich.table import Table
 from contract.artifact import ArtifactError, check_files, load_meta
 from contract.greedy import argmax
 from contract.logit_error import BOUNDS, TOP_K
-from runtime.model.loader import load_artifact
-
 from gemma4_port.console import console as build_console
 from gemma4_port.verify.agreement import Case, Row, compare
 from gemma4_port.verify.reference import load_reference, reference_greedy
+from runtime.model.loader import load_artifact
 
 SHORT_STEPS = 8
 VERIFY_JSON_FORMAT = 1
@@ -47,12 +46,15 @@ def build_cases(meta, long: bool) -> list[Case]:
     cases.append(Case("random:short", tokens(3), SHORT_STEPS))
     cases += [Case(f"random:bucket-{b}", tokens(b), SHORT_STEPS) for b in geo.buckets]
     window_len = min(geo.buckets[-1], geo.sliding_window + 2)
-    cases.append(Case("random:cross-window", tokens(window_len), min(geo.sliding_window + 4, geo.kv_max - window_len + 1)))
+    cases.append(
+        Case("random:cross-window", tokens(window_len), min(geo.sliding_window + 4, geo.kv_max - window_len + 1))
+    )
     if long:
         n = geo.buckets[-1]
         cases.append(Case("random:to-kv_max", tokens(n), geo.kv_max - n + 1))
-    cases += [Case(f"random:{label}", tokens(n), min(SHORT_STEPS, geo.kv_max - n + 1))
-              for label, n in long_prompts(geo, long)]
+    cases += [
+        Case(f"random:{label}", tokens(n), min(SHORT_STEPS, geo.kv_max - n + 1)) for label, n in long_prompts(geo, long)
+    ]
     return cases
 
 
@@ -110,7 +112,9 @@ def fork_cases(cases: list[Case], geo) -> list[Case]:
     """One prompt per fork copy graph: the first case whose prompt the copy over each key bucket holds."""
     out = []
     for t in geo.key_buckets:
-        case = next((c for c in cases if not c.reused and next(k for k in geo.key_buckets if len(c.ids) <= k) == t), None)
+        case = next(
+            (c for c in cases if not c.reused and next(k for k in geo.key_buckets if len(c.ids) <= k) == t), None
+        )
         if case is not None:
             out.append(Case(f"fork:{case.name}", case.ids, min(case.steps, SHORT_STEPS)))
     return out
@@ -135,7 +139,7 @@ def reference_bf16_error(reference, rows: list[Row], ref_logits: list[list[torch
     out = []
     for row, logits in zip(rows, ref_logits):
         ids = row.case.ids + [r for _, r in row.tokens[:-1]]
-        run = reference(input_ids=torch.tensor([ids])).logits[0, len(row.case.ids) - 1:].float()  # (compared, V)
+        run = reference(input_ids=torch.tensor([ids])).logits[0, len(row.case.ids) - 1 :].float()  # (compared, V)
         out += [float((run[i] - logits[i]).abs().max()) for i in range(row.compared)]
     return out
 
@@ -144,40 +148,81 @@ def bf16_noise(rows: list[Row], yardstick: list[float]) -> dict:
     device = [s.max_abs for r in rows for s in r.stats]
     mean_device, mean_reference = sum(device) / len(device), sum(yardstick) / len(yardstick)
     ratio = mean_device / mean_reference
-    return {"device_mean_max_abs": mean_device, "reference_bf16_mean_max_abs": mean_reference,
-            "ratio": ratio, "bound": BF16_NOISE_RATIO, "passed": ratio <= BF16_NOISE_RATIO}
+    return {
+        "device_mean_max_abs": mean_device,
+        "reference_bf16_mean_max_abs": mean_reference,
+        "ratio": ratio,
+        "bound": BF16_NOISE_RATIO,
+        "passed": ratio <= BF16_NOISE_RATIO,
+    }
 
 
 def _row_json(r: Row) -> dict:
-    return {"prompt": r.case.name, "prompt_len": len(r.case.ids), "reused": r.case.reused, "steps": r.case.steps,
-            "compared": r.compared,
-            "verdict": r.verdict, "first_divergence": r.first_divergence, "note": r.note,
-            "worst": r.worst.as_dict() if r.stats else None,
-            "per_step": [{"step": i, "device_token": d, "reference_token": t} | s.as_dict()
-                         for i, ((d, t), s) in enumerate(zip(r.tokens, r.stats))]}
+    return {
+        "prompt": r.case.name,
+        "prompt_len": len(r.case.ids),
+        "reused": r.case.reused,
+        "steps": r.case.steps,
+        "compared": r.compared,
+        "verdict": r.verdict,
+        "first_divergence": r.first_divergence,
+        "note": r.note,
+        "worst": r.worst.as_dict() if r.stats else None,
+        "per_step": [
+            {"step": i, "device_token": d, "reference_token": t} | s.as_dict()
+            for i, ((d, t), s) in enumerate(zip(r.tokens, r.stats))
+        ],
+    }
 
 
 def _table(title: str, rows: list[Row], noise: dict | None) -> Table:
     table = Table(title=title)
-    for col in ("prompt", "prompt len", "tokens compared", "SEQ_MATCH", "first divergence", "max |logit diff|",
-                "min cosine", "max KL", f"min top-{TOP_K}", "note"):
+    for col in (
+        "prompt",
+        "prompt len",
+        "tokens compared",
+        "SEQ_MATCH",
+        "first divergence",
+        "max |logit diff|",
+        "min cosine",
+        "max KL",
+        f"min top-{TOP_K}",
+        "note",
+    ):
         table.add_column(col)
     for r in rows:
         w = r.worst
         figures = ("-",) * 4 if w is None else (f"{w.max_abs:.3g}", f"{w.cosine:.6g}", f"{w.kl:.3g}", f"{w.topk:.2f}")
         length = f"{len(r.case.ids)} ({r.case.reused} reused)" if r.case.reused else str(len(r.case.ids))
-        table.add_row(r.case.name, length, f"{r.compared}/{r.case.steps}",
-                      {"MATCH": "True", "NEAR-TIE": "near-tie", "LOGITS": "True (logits off)"}.get(r.verdict, "False"),
-                      "-" if r.first_divergence is None else str(r.first_divergence), *figures, r.note)
+        table.add_row(
+            r.case.name,
+            length,
+            f"{r.compared}/{r.case.steps}",
+            {"MATCH": "True", "NEAR-TIE": "near-tie", "LOGITS": "True (logits off)"}.get(r.verdict, "False"),
+            "-" if r.first_divergence is None else str(r.first_divergence),
+            *figures,
+            r.note,
+        )
     if noise is not None:
-        table.add_row("all steps: device vs transformers bf16", "", "", "True" if noise["passed"] else "False", "",
-                      f"mean {noise['device_mean_max_abs']:.3g}", "", "", "",
-                      f"{noise['ratio']:.2f} x transformers' own bf16 error "
-                      f"(mean {noise['reference_bf16_mean_max_abs']:.3g}), bound {noise['bound']:g}")
+        table.add_row(
+            "all steps: device vs transformers bf16",
+            "",
+            "",
+            "True" if noise["passed"] else "False",
+            "",
+            f"mean {noise['device_mean_max_abs']:.3g}",
+            "",
+            "",
+            "",
+            f"{noise['ratio']:.2f} x transformers' own bf16 error "
+            f"(mean {noise['reference_bf16_mean_max_abs']:.3g}), bound {noise['bound']:g}",
+        )
     return table
 
 
-def verify_artifact(folder: Path, long: bool = True, console: Console | None = None, json_out: Path | None = None) -> int:
+def verify_artifact(
+    folder: Path, long: bool = True, console: Console | None = None, json_out: Path | None = None
+) -> int:
     started = time.perf_counter()
     console = console or build_console()
     meta = load_meta(folder)
@@ -196,15 +241,22 @@ def verify_artifact(folder: Path, long: bool = True, console: Console | None = N
     rng = random.Random(f"{meta.name}/{meta.variant}/turns")
     replies, follow = 4, [rng.randrange(8, geo.vocab) for _ in range(geo.buckets[0] // 2 + 1)]
     first_len = min(geo.buckets[-1] * 3 // 2, geo.kv_max - replies - len(follow) - SHORT_STEPS)
-    case, result = run_continuation(model.runner, [rng.randrange(8, geo.vocab) for _ in range(first_len)],
-                                    replies, follow, SHORT_STEPS)
+    case, result = run_continuation(
+        model.runner, [rng.randrange(8, geo.vocab) for _ in range(first_len)], replies, follow, SHORT_STEPS
+    )
     cases.append(case)
     results.append(result)
     if geo.batch > 1:
         together = [Case(f"slots:{c.name}", c.ids, c.steps) for c in cases[: geo.batch]]
         # A short prompt decoding while the longest prompts arrive a step apart, each one chunk per step.
-        long = sorted((c for c in cases if c.name.startswith("random:") and len(c.ids) > geo.buckets[-1]
-                       and c.steps <= SHORT_STEPS), key=lambda c: -len(c.ids))
+        long = sorted(
+            (
+                c
+                for c in cases
+                if c.name.startswith("random:") and len(c.ids) > geo.buckets[-1] and c.steps <= SHORT_STEPS
+            ),
+            key=lambda c: -len(c.ids),
+        )
         short = [c for c in cases if c.name == "random:short"]
         stages = [Case(f"stages:{c.name}", c.ids, c.steps) for c in (short + long)[: geo.batch]]
         for group in (together, stages):
@@ -220,17 +272,29 @@ def verify_artifact(folder: Path, long: bool = True, console: Console | None = N
         rows.append(compare(case, dev_tokens, dev_logits, ref_tokens, logits, geo.softcap, geo.dtype))
         ref_logits.append(logits)
     noise = bf16_noise(rows, reference_bf16_error(reference, rows, ref_logits)) if geo.dtype == "bfloat16" else None
-    console.print(_table(f"verify {folder} ({meta.name}/{meta.variant}, {geo.dtype}, tp={geo.tp}, batch={geo.batch})",
-                         rows, noise))
+    console.print(
+        _table(
+            f"verify {folder} ({meta.name}/{meta.variant}, {geo.dtype}, tp={geo.tp}, batch={geo.batch})", rows, noise
+        )
+    )
     failed = [r for r in rows if not r.ok] + ([noise] if noise and not noise["passed"] else [])
     console.print(f"{len(rows) + bool(noise) - len(failed)} passed, {len(failed)} failed")
     if json_out is not None:
         report = {
             "format": VERIFY_JSON_FORMAT,
-            "artifact": {"dir": str(folder), "name": meta.name, "variant": meta.variant, "backend": meta.backend,
-                         "dtype": geo.dtype, "tp": geo.tp, "batch": geo.batch},
+            "artifact": {
+                "dir": str(folder),
+                "name": meta.name,
+                "variant": meta.variant,
+                "backend": meta.backend,
+                "dtype": geo.dtype,
+                "tp": geo.tp,
+                "batch": geo.batch,
+            },
             "bounds": asdict(BOUNDS[geo.dtype]) | {"topk_k": TOP_K},
-            "passed": not failed, "rows": [_row_json(r) for r in rows], "bf16_noise": noise,
+            "passed": not failed,
+            "rows": [_row_json(r) for r in rows],
+            "bf16_noise": noise,
             "wall_seconds": round(time.perf_counter() - started, 2),
         }
         Path(json_out).write_text(json.dumps(report, indent=1) + "\n")

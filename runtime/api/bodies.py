@@ -15,10 +15,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from runtime.api.chat import Reply
-from runtime.generate.engine import Delta, Failed, Finished, Job
 from runtime.api.errors import APIError
-from runtime.generate.logits import TokenLogprob
 from runtime.api.reply_parser import ReplyParser
+from runtime.generate.engine import Delta, Failed, Finished, Job
+from runtime.generate.logits import TokenLogprob
 
 TokenBytes = Callable[[int], bytes]  # a token id's own bytes (a byte-level piece may be part of a character)
 
@@ -49,7 +49,9 @@ def completion_logprobs(entries, token_bytes: TokenBytes, offset: int) -> tuple[
         text = _token(e.token, token_bytes)[0]
         out["tokens"].append(text)
         out["token_logprobs"].append(e.logprob)
-        out["top_logprobs"].append(None if e.logprob is None else {_token(tid, token_bytes)[0]: lp for tid, lp in e.top})
+        out["top_logprobs"].append(
+            None if e.logprob is None else {_token(tid, token_bytes)[0]: lp for tid, lp in e.top}
+        )
         out["text_offset"].append(offset)
         offset += len(text)
     return out, offset
@@ -154,8 +156,14 @@ class _Choice:
 
     def whole(self) -> dict:
         body = {"message": self.reply.message()} if self.shape.chat else {"text": "".join(self.text)}
-        out = {"index": self.index} | body | {"logprobs": self.logprobs(self.echoed_logprobs() + self.entries),
-                                              "finish_reason": self.finish_reason(self.finish)}
+        out = (
+            {"index": self.index}
+            | body
+            | {
+                "logprobs": self.logprobs(self.echoed_logprobs() + self.entries),
+                "finish_reason": self.finish_reason(self.finish),
+            }
+        )
         if self.shape.prompt_logprobs is not None and not self.shape.chat:  # vLLM: per choice in completions
             out["prompt_logprobs"] = self.prompt_logprobs()
         return out
@@ -169,8 +177,11 @@ class _Choice:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens,
-            "total_tokens": prompt_tokens + completion_tokens}
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
 
 
 def whole(job: Job, shape: Shape, n: int, runs: int | None = None, abandoned: Callable[[], bool] | None = None) -> dict:
@@ -196,7 +207,9 @@ def whole(job: Job, shape: Shape, n: int, runs: int | None = None, abandoned: Ca
         choices = sorted(choices, key=lambda c: -sum(e.logprob for e in c.entries))[:n]
         for i, c in enumerate(choices):
             c.index = i
-    extra = {"prompt_logprobs": choices[0].prompt_logprobs()} if shape.chat and shape.prompt_logprobs is not None else {}
+    extra = (
+        {"prompt_logprobs": choices[0].prompt_logprobs()} if shape.chat and shape.prompt_logprobs is not None else {}
+    )
     return shape.envelope([c.whole() for c in choices], chunk=False, usage=usage(len(job.prompt), tokens), **extra)
 
 

@@ -15,7 +15,6 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, model_validator
 
 from contract.errors import Gemma4Error
-
 from runtime.api.reply_parser import Content, Piece, Reasoning, ToolCall
 
 # Gemma-4's call syntax (`call:NAME{...}`) carries names of word characters only.
@@ -27,9 +26,10 @@ def text_content(value) -> str | None:
     if value is None or isinstance(value, str):
         return value
     if isinstance(value, list) and all(
-            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value):
+        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
+    ):
         return "".join(p["text"] for p in value)
-    raise ValueError("must be a string or a list of {\"type\": \"text\", \"text\": ...} parts (only text is supported)")
+    raise ValueError('must be a string or a list of {"type": "text", "text": ...} parts (only text is supported)')
 
 
 class _Strict(BaseModel):
@@ -46,8 +46,9 @@ class FunctionDef(_Strict):
     @model_validator(mode="after")
     def _name(self):
         if not NAME.fullmatch(self.name):
-            raise ValueError(f"function name {self.name!r}: Gemma-4's call syntax carries only letters, digits and "
-                             "underscores")
+            raise ValueError(
+                f"function name {self.name!r}: Gemma-4's call syntax carries only letters, digits and underscores"
+            )
         return self
 
 
@@ -113,7 +114,8 @@ class Message(_Strict):
         for i, c in enumerate(self.tool_calls or ()):
             args = arguments(c.function.arguments, f"{where}.tool_calls.{i}")
             out.setdefault("tool_calls", []).append(
-                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}})
+                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}}
+            )
         for key in ("tool_call_id", "name", "reasoning_content"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
@@ -147,20 +149,26 @@ def template_kwargs(kwargs: dict | None) -> dict:
     return out
 
 
-def render(tokenizer, messages: list[Message], tools: list[Tool] | None, tool_choice: ToolChoice | None,
-           kwargs: dict | None) -> str:
+def render(
+    tokenizer, messages: list[Message], tools: list[Tool] | None, tool_choice: ToolChoice | None, kwargs: dict | None
+) -> str:
     """The prompt text. With `tool_choice: none` the tools are left out of the prompt, so the model is
     never offered them (vLLM's `--exclude-tools-when-tool-choice-none`)."""
     offered = tools if tools and tool_choice != "none" else None
-    if isinstance(tool_choice, ToolChoiceFunction) and not any(t.function.name == tool_choice.function.name
-                                                               for t in tools or ()):
+    if isinstance(tool_choice, ToolChoiceFunction) and not any(
+        t.function.name == tool_choice.function.name for t in tools or ()
+    ):
         raise ChatTemplateError("tool_choice", f"names function {tool_choice.function.name!r}, which is not in tools")
     if tool_choice == "required" and not tools:
         raise ChatTemplateError("tool_choice", "is 'required' but no tools are given")
     dicts = [m.template_dict(f"messages.{i}") for i, m in enumerate(messages)]
     return tokenizer.apply_chat_template(
-        dicts, tools=[t.model_dump(exclude_none=True) for t in offered] if offered else None,
-        add_generation_prompt=True, tokenize=False, **template_kwargs(kwargs))
+        dicts,
+        tools=[t.model_dump(exclude_none=True) for t in offered] if offered else None,
+        add_generation_prompt=True,
+        tokenize=False,
+        **template_kwargs(kwargs),
+    )
 
 
 class Reply:

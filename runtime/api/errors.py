@@ -14,21 +14,39 @@ from contract.errors import Gemma4Error
 log = logging.getLogger("gemma4.api")
 
 # OpenAI's error types by status (https://platform.openai.com/docs/guides/error-codes).
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
-         405: "invalid_request_error", 413: "invalid_request_error", 429: "rate_limit_error",
-         503: "service_unavailable_error"}
+TYPES = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable_error",
+}
 
 
 class APIError(Gemma4Error):
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None,
-                 headers: dict[str, str] | None = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.code = status, message, param, code
         self.headers = headers or {}
 
     def body(self) -> dict:
-        return {"error": {"message": self.message, "type": TYPES.get(self.status, "server_error"),
-                          "param": self.param, "code": self.code}}
+        return {
+            "error": {
+                "message": self.message,
+                "type": TYPES.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.code,
+            }
+        }
 
     def response(self):
         resp = jsonify(self.body())
@@ -61,12 +79,17 @@ def register(app: Flask) -> None:
         headers = {}
         if isinstance(exc, MethodNotAllowed):
             allowed = ", ".join(sorted(exc.valid_methods or ()))
-            message, headers = f"{request.method} is not allowed on {request.path}; allowed: {allowed}", {"Allow": allowed}
+            message, headers = (
+                f"{request.method} is not allowed on {request.path}; allowed: {allowed}",
+                {"Allow": allowed},
+            )
         elif isinstance(exc, NotFound):
             message = f"no route {request.path}; the API is under /v1 (see GET /v1/models)"
         elif isinstance(exc, RequestEntityTooLarge):
-            message = (f"the request body is larger than the limit of {app.config['MAX_CONTENT_LENGTH']} bytes "
-                       "(GEMMA4_MAX_BODY_BYTES)")
+            message = (
+                f"the request body is larger than the limit of {app.config['MAX_CONTENT_LENGTH']} bytes "
+                "(GEMMA4_MAX_BODY_BYTES)"
+            )
         else:
             message = exc.description or exc.name
         code = exc.name.lower().replace(" ", "_")  # not_found, method_not_allowed, request_entity_too_large

@@ -116,8 +116,9 @@ class ReplyParser:
             elif kind == "region_close" and name == "tool_calls":
                 fn = ev["value"]["function"]
                 try:  # JSON has no infinities: an overflowing number is malformed too
-                    arguments = json.dumps(parse_arguments(fn["arguments"], self.template), ensure_ascii=False,
-                                           allow_nan=False)
+                    arguments = json.dumps(
+                        parse_arguments(fn["arguments"], self.template), ensure_ascii=False, allow_nan=False
+                    )
                 except ValueError:
                     text = self._clean(f"<|tool_call>call:{fn['name']}{fn['arguments']}<tool_call|>")
                     if text:

@@ -21,14 +21,14 @@ from jinja2 import TemplateError
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
+from runtime.api.bodies import Shape, stream, whole
 from runtime.api.chat import ChatTemplateError, Message, Tool, ToolChoice, ToolChoiceFunction, render
-from runtime.generate.engine import DoesNotFit, Engine, Job, NotReady, QueueFull, State, token_budget
 from runtime.api.errors import APIError
-from runtime.generate.grammar import Grammar, GrammarError
-from runtime.generate.logits import Controls
 from runtime.api.reply_parser import ReplyParser
 from runtime.api.tool_grammar import forced
-from runtime.api.bodies import Shape, stream, whole
+from runtime.generate.engine import DoesNotFit, Engine, Job, NotReady, QueueFull, State, token_budget
+from runtime.generate.grammar import Grammar, GrammarError
+from runtime.generate.logits import Controls
 from runtime.generate.sampling import SamplingParams
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
@@ -56,8 +56,10 @@ def _prompt(value) -> str | list[int]:
         value = value[0]  # a batch of one, as lm-evaluation-harness sends token ids
     if isinstance(value, str) or (isinstance(value, list) and value and all(type(t) is int for t in value)):
         return value
-    raise ValueError("must be a string, a non-empty list of token ids, or a list of one of them (one prompt per "
-                     "request: this server does not take a batch of prompts)")
+    raise ValueError(
+        "must be a string, a non-empty list of token ids, or a list of one of them (one prompt per "
+        "request: this server does not take a batch of prompts)"
+    )
 
 
 class _Lenient(BaseModel):
@@ -152,12 +154,19 @@ class _Body(_Lenient):
 
     def sampling(self) -> SamplingParams:
         if self.use_beam_search:
-            raise APIError(400, "use_beam_search: this server does not do beam search; send false or leave it out "
-                           "(n and best_of give several sampled candidates)", param="use_beam_search",
-                           code="unsupported_parameter")
-        return SamplingParams(temperature=1.0 if self.temperature is None else self.temperature,
-                              top_p=1.0 if self.top_p is None else self.top_p, top_k=max(self.top_k or 0, 0),
-                              min_p=self.min_p)
+            raise APIError(
+                400,
+                "use_beam_search: this server does not do beam search; send false or leave it out "
+                "(n and best_of give several sampled candidates)",
+                param="use_beam_search",
+                code="unsupported_parameter",
+            )
+        return SamplingParams(
+            temperature=1.0 if self.temperature is None else self.temperature,
+            top_p=1.0 if self.top_p is None else self.top_p,
+            top_k=max(self.top_k or 0, 0),
+            min_p=self.min_p,
+        )
 
     def logprob_alternatives(self) -> int | None:
         """Alternatives per token when logprobs are asked for, else None (each endpoint spells it its way)."""
@@ -166,8 +175,12 @@ class _Body(_Lenient):
     def prompt_alternatives(self) -> int | None:
         """Alternatives per prompt token when the prompt's logprobs are needed, else None."""
         if self.prompt_logprobs is not None and self.stream:
-            raise APIError(400, "prompt_logprobs: not available when stream is true (as in vLLM)",
-                           param="prompt_logprobs", code="invalid_value")
+            raise APIError(
+                400,
+                "prompt_logprobs: not available when stream is true (as in vLLM)",
+                param="prompt_logprobs",
+                code="invalid_value",
+            )
         return self.prompt_logprobs
 
     def runs(self) -> int:
@@ -178,17 +191,31 @@ class _Body(_Lenient):
         bias = []
         for key, value in (self.logit_bias or {}).items():
             if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab:
-                raise APIError(400, f"logit_bias: {key!r} is not a token id; ids are integers in [0, {vocab})",
-                               param="logit_bias", code="invalid_value")
+                raise APIError(
+                    400,
+                    f"logit_bias: {key!r} is not a token id; ids are integers in [0, {vocab})",
+                    param="logit_bias",
+                    code="invalid_value",
+                )
             bias.append((int(key), value))
         for t in self.stop_token_ids or ():
             if t >= vocab:
-                raise APIError(400, f"stop_token_ids: {t} is not a token id; ids are in [0, {vocab})",
-                               param="stop_token_ids", code="invalid_value")
-        return Controls(presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
-                        repetition_penalty=self.repetition_penalty, logit_bias=tuple(bias), min_tokens=self.min_tokens,
-                        ignore_eos=self.ignore_eos, stop_token_ids=tuple(self.stop_token_ids or ()),
-                        logprobs=self.logprob_alternatives())
+                raise APIError(
+                    400,
+                    f"stop_token_ids: {t} is not a token id; ids are in [0, {vocab})",
+                    param="stop_token_ids",
+                    code="invalid_value",
+                )
+        return Controls(
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty,
+            logit_bias=tuple(bias),
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            logprobs=self.logprob_alternatives(),
+        )
 
     def grammar(self) -> tuple[str, Grammar] | None:
         """The one output constraint asked for (its field and Grammar), if any: response_format,
@@ -199,23 +226,37 @@ class _Body(_Lenient):
             asked.append(("response_format", Grammar.json_object()))
         elif fmt is not None and fmt.type == "json_schema":
             if fmt.json_schema is None:
-                raise APIError(400, "response_format: type json_schema needs a json_schema object",
-                               param="response_format.json_schema", code="invalid_value")
+                raise APIError(
+                    400,
+                    "response_format: type json_schema needs a json_schema object",
+                    param="response_format.json_schema",
+                    code="invalid_value",
+                )
             asked.append(("response_format", Grammar.json_schema(fmt.json_schema.schema_)))
         so = self.structured_outputs or StructuredOutputs()
-        for name, value, make in (("json", so.json_, Grammar.json_schema), ("regex", so.regex, Grammar.regex),
-                                  ("choice", so.choice, Grammar.choice), ("grammar", so.grammar, Grammar.lark)):
+        for name, value, make in (
+            ("json", so.json_, Grammar.json_schema),
+            ("regex", so.regex, Grammar.regex),
+            ("choice", so.choice, Grammar.choice),
+            ("grammar", so.grammar, Grammar.lark),
+        ):
             if value is not None:
                 asked.append((f"structured_outputs.{name}", make(value)))
-        for name, value, make in (("guided_json", self.guided_json, Grammar.json_schema),
-                                  ("guided_regex", self.guided_regex, Grammar.regex),
-                                  ("guided_choice", self.guided_choice, Grammar.choice),
-                                  ("guided_grammar", self.guided_grammar, Grammar.lark)):
+        for name, value, make in (
+            ("guided_json", self.guided_json, Grammar.json_schema),
+            ("guided_regex", self.guided_regex, Grammar.regex),
+            ("guided_choice", self.guided_choice, Grammar.choice),
+            ("guided_grammar", self.guided_grammar, Grammar.lark),
+        ):
             if value is not None:
                 asked.append((name, make(value)))
         if len(asked) > 1:
-            raise APIError(400, f"{asked[1][0]}: only one output constraint per request, {asked[0][0]} is set too",
-                           param=asked[1][0], code="invalid_value")
+            raise APIError(
+                400,
+                f"{asked[1][0]}: only one output constraint per request, {asked[0][0]} is set too",
+                param=asked[1][0],
+                code="invalid_value",
+            )
         return asked[0] if asked else None
 
 
@@ -249,11 +290,16 @@ class CompletionBody(_Body):
         if self.best_of is None:
             return self.n
         if self.best_of < self.n:
-            raise APIError(400, f"best_of: {self.best_of} is less than n ({self.n})", param="best_of",
-                           code="invalid_value")
+            raise APIError(
+                400, f"best_of: {self.best_of} is less than n ({self.n})", param="best_of", code="invalid_value"
+            )
         if self.stream and self.best_of > self.n:
-            raise APIError(400, "best_of: a stream cannot show the best choices before all have ended",
-                           param="best_of", code="invalid_value")
+            raise APIError(
+                400,
+                "best_of: a stream cannot show the best choices before all have ended",
+                param="best_of",
+                code="invalid_value",
+            )
         return self.best_of
 
     def logprob_alternatives(self) -> int | None:
@@ -271,7 +317,9 @@ def ready_engine() -> Engine:
     eng: Engine = current_app.extensions["gemma4_engine"]
     if eng.state is not State.READY:
         retry = {"Retry-After": "5"} if eng.state is not State.FAILED else {}
-        raise APIError(503, f"the model is not ready ({eng.state.value}: {eng.reason})", code="not_ready", headers=retry)
+        raise APIError(
+            503, f"the model is not ready ({eng.state.value}: {eng.reason})", code="not_ready", headers=retry
+        )
     return eng
 
 
@@ -286,8 +334,11 @@ def read_body() -> bytes:
     chunked body at the limit without a word, so one byte more is asked for)."""
     try:
         data = request.get_data()  # a Content-Length over the limit is a 413 before any byte is read
-        if request.content_length is None and len(data) >= current_app.config["MAX_CONTENT_LENGTH"] \
-                and request.environ["wsgi.input"].read(1):
+        if (
+            request.content_length is None
+            and len(data) >= current_app.config["MAX_CONTENT_LENGTH"]
+            and request.environ["wsgi.input"].read(1)
+        ):
             raise RequestEntityTooLarge()
         return data
     except HTTPException:
@@ -310,13 +361,22 @@ def check_size(eng: Engine, texts: list[str], param: str) -> None:
     find out): at least one token per message, at most chars_per_token characters per token."""
     most = eng.geometry.kv_max - 1  # the longest prompt: one position stays for the first new token
     if len(texts) > most:
-        raise APIError(400, f"{len(texts)} messages are more than a prompt of this model ({most} tokens at most) "
-                       "can hold", param=param, code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"{len(texts)} messages are more than a prompt of this model ({most} tokens at most) can hold",
+            param=param,
+            code="context_length_exceeded",
+        )
     chars = sum(map(len, texts))
     if chars > most * chars_per_token(eng.tokenizer):
-        raise APIError(400, f"the prompt has {chars} characters; a prompt of this model holds at most {most} "
-                       f"tokens of at most {chars_per_token(eng.tokenizer)} characters each; prompts are "
-                       "never truncated", param=param, code="context_length_exceeded")
+        raise APIError(
+            400,
+            f"the prompt has {chars} characters; a prompt of this model holds at most {most} "
+            f"tokens of at most {chars_per_token(eng.tokenizer)} characters each; prompts are "
+            "never truncated",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def tokenize(encode):
@@ -328,8 +388,12 @@ def tokenize(encode):
 
 def check_request(eng: Engine, body: _Body) -> None:
     if body.model != eng.model_name:
-        raise APIError(404, f"model {body.model!r} does not exist; this server serves {eng.model_name!r}",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"model {body.model!r} does not exist; this server serves {eng.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
 
 
 def compile_grammar(eng: Engine, body: _Body, forced: tuple[str, Grammar] | None = None) -> str | None:
@@ -345,19 +409,36 @@ def compile_grammar(eng: Engine, body: _Body, forced: tuple[str, Grammar] | None
     try:
         return eng.grammars.get().compile(grammar)
     except GrammarError as exc:
-        raise APIError(400, f"{param}: the grammar engine refused it: {exc}", param=param, code="invalid_value") from None
+        raise APIError(
+            400, f"{param}: the grammar engine refused it: {exc}", param=param, code="invalid_value"
+        ) from None
 
 
-def submit(eng: Engine, body: _Body, prompt: list[int], max_tokens: int | None, param: str,
-           default: int | None = None, skip_special_tokens: bool = True,
-           forced: tuple[str, Grammar] | None = None) -> Job:
+def submit(
+    eng: Engine,
+    body: _Body,
+    prompt: list[int],
+    max_tokens: int | None,
+    param: str,
+    default: int | None = None,
+    skip_special_tokens: bool = True,
+    forced: tuple[str, Grammar] | None = None,
+) -> Job:
     try:
         budget = token_budget(eng.geometry, len(prompt), max_tokens, default)
     except DoesNotFit as exc:
         raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
-    job = Job(prompt, budget, body.sampling(), body.stop or (), body.seed, controls=body.controls(eng.geometry.vocab),
-              grammar=compile_grammar(eng, body, forced), skip_special_tokens=skip_special_tokens,
-              prompt_logprobs=body.prompt_alternatives())
+    job = Job(
+        prompt,
+        budget,
+        body.sampling(),
+        body.stop or (),
+        body.seed,
+        controls=body.controls(eng.geometry.vocab),
+        grammar=compile_grammar(eng, body, forced),
+        skip_special_tokens=skip_special_tokens,
+        prompt_logprobs=body.prompt_alternatives(),
+    )
     try:
         return eng.submit(job, body.runs())
     except QueueFull as exc:
@@ -370,9 +451,16 @@ def submit(eng: Engine, body: _Body, prompt: list[int], max_tokens: int | None, 
 def model_card(eng: Engine) -> dict:
     """OpenAI's model object plus what clients read for the context size (vLLM's max_model_len)."""
     created = int(datetime.datetime.fromisoformat(eng.model.meta.created).timestamp())
-    return {"id": eng.model_name, "object": "model", "created": created, "owned_by": "gemma4-inf2",
-            "root": eng.model.meta.name, "parent": None, "max_model_len": eng.geometry.kv_max,
-            "context_length": eng.geometry.kv_max}
+    return {
+        "id": eng.model_name,
+        "object": "model",
+        "created": created,
+        "owned_by": "gemma4-inf2",
+        "root": eng.model.meta.name,
+        "parent": None,
+        "max_model_len": eng.geometry.kv_max,
+        "context_length": eng.geometry.kv_max,
+    }
 
 
 @bp.get("/models")
@@ -384,8 +472,12 @@ def list_models():
 def get_model(model_id: str):
     eng = ready_engine()
     if model_id != eng.model_name:
-        raise APIError(404, f"model {model_id!r} does not exist; this server serves {eng.model_name!r}",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"model {model_id!r} does not exist; this server serves {eng.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
     return jsonify(model_card(eng))
 
 
@@ -397,8 +489,9 @@ def chat_completions():
     check_request(eng, body)
     check_size(eng, [m.content or "" for m in body.messages], "messages")
     try:
-        text = tokenize(lambda: render(eng.tokenizer, body.messages, body.tools, body.tool_choice,
-                                       body.chat_template_kwargs))
+        text = tokenize(
+            lambda: render(eng.tokenizer, body.messages, body.tools, body.tool_choice, body.chat_template_kwargs)
+        )
     except ChatTemplateError as exc:
         raise APIError(400, f"{exc.param}: {exc}", param=exc.param, code="invalid_value") from None
     except TemplateError as exc:
@@ -406,12 +499,28 @@ def chat_completions():
     prompt = tokenize(lambda: eng.tokenizer(text, add_special_tokens=False).input_ids)  # the template writes <bos>
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # The reply's parser needs the special tokens as boundaries; it drops them from what it passes on.
-    job = submit(eng, body, list(prompt), max_tokens, "messages", skip_special_tokens=False,
-                 forced=forced(eng.tokenizer, body.tools, body.tool_choice, body.parallel_tool_calls, text))
+    job = submit(
+        eng,
+        body,
+        list(prompt),
+        max_tokens,
+        "messages",
+        skip_special_tokens=False,
+        forced=forced(eng.tokenizer, body.tools, body.tool_choice, body.parallel_tool_calls, text),
+    )
     parser = functools.partial(ReplyParser, eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens)
-    return respond(job, body, Shape(eng.model_name, token_bytes(eng), parser, logprobs=body.logprobs,
-                                    named_tool=isinstance(body.tool_choice, ToolChoiceFunction),
-                                    prompt_logprobs=body.prompt_logprobs))
+    return respond(
+        job,
+        body,
+        Shape(
+            eng.model_name,
+            token_bytes(eng),
+            parser,
+            logprobs=body.logprobs,
+            named_tool=isinstance(body.tool_choice, ToolChoiceFunction),
+            prompt_logprobs=body.prompt_logprobs,
+        ),
+    )
 
 
 @bp.post("/completions")
@@ -428,14 +537,35 @@ def completions():
         if not all(0 <= t < vocab for t in prompt):
             raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
     if body.max_tokens == 0 and body.prompt_alternatives() is None:
-        raise APIError(400, "max_tokens: 0 generates nothing, so it only scores the prompt: send it with echo and "
-                       "logprobs, or with prompt_logprobs; else at least 1", param="max_tokens", code="invalid_value")
-    job = submit(eng, body, list(prompt), body.max_tokens, "prompt", COMPLETIONS_DEFAULT_MAX_TOKENS,
-                 skip_special_tokens=body.skip_special_tokens)
+        raise APIError(
+            400,
+            "max_tokens: 0 generates nothing, so it only scores the prompt: send it with echo and "
+            "logprobs, or with prompt_logprobs; else at least 1",
+            param="max_tokens",
+            code="invalid_value",
+        )
+    job = submit(
+        eng,
+        body,
+        list(prompt),
+        body.max_tokens,
+        "prompt",
+        COMPLETIONS_DEFAULT_MAX_TOKENS,
+        skip_special_tokens=body.skip_special_tokens,
+    )
     echo = "" if not body.echo else body.prompt if isinstance(body.prompt, str) else eng.tokenizer.decode(prompt)
-    return respond(job, body, Shape(eng.model_name, token_bytes(eng), logprobs=body.logprobs is not None, echo=echo,
-                                    echo_logprobs=body.logprobs if body.echo else None,
-                                    prompt_logprobs=body.prompt_logprobs))
+    return respond(
+        job,
+        body,
+        Shape(
+            eng.model_name,
+            token_bytes(eng),
+            logprobs=body.logprobs is not None,
+            echo=echo,
+            echo_logprobs=body.logprobs if body.echo else None,
+            prompt_logprobs=body.prompt_logprobs,
+        ),
+    )
 
 
 def token_bytes(eng: Engine):
@@ -464,8 +594,11 @@ def client_gone(environ) -> Callable[[], bool]:
 def respond(job: Job, body: _Body, shape: Shape):
     if body.stream:
         opts = body.stream_options or StreamOptions()
-        return Response(stream(job, shape, body.n, opts.include_usage, opts.continuous_usage_stats),
-                        mimetype="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        return Response(
+            stream(job, shape, body.n, opts.include_usage, opts.continuous_usage_stats),
+            mimetype="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
     return jsonify(whole(job, shape, body.n, body.runs(), abandoned=client_gone(request.environ)))
 
 
@@ -486,8 +619,12 @@ class DetokenizeBody(_Lenient):
 
 def _check_model(eng: Engine, model: str | None) -> None:
     if model is not None and model != eng.model_name:
-        raise APIError(404, f"model {model!r} does not exist; this server serves {eng.model_name!r}",
-                       param="model", code="model_not_found")
+        raise APIError(
+            404,
+            f"model {model!r} does not exist; this server serves {eng.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
 
 
 @vllm_bp.post("/tokenize")
@@ -500,8 +637,11 @@ def tokenize_text():
     if body.messages is not None:
         try:
             dicts = [m.template_dict(f"messages.{i}") for i, m in enumerate(body.messages)]
-            text = tokenize(lambda: eng.tokenizer.apply_chat_template(
-                dicts, add_generation_prompt=body.add_generation_prompt, tokenize=False))
+            text = tokenize(
+                lambda: eng.tokenizer.apply_chat_template(
+                    dicts, add_generation_prompt=body.add_generation_prompt, tokenize=False
+                )
+            )
         except ChatTemplateError as exc:
             raise APIError(400, f"{exc.param}: {exc}", param=exc.param, code="invalid_value") from None
         except TemplateError as exc:
@@ -509,8 +649,12 @@ def tokenize_text():
         ids = tokenize(lambda: eng.tokenizer(text, add_special_tokens=False).input_ids)  # the template writes <bos>
     else:
         ids = tokenize(lambda: eng.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens).input_ids)
-    out: dict[str, Any] = {"count": len(ids), "max_model_len": eng.geometry.kv_max, "tokens": list(ids),
-                           "token_strs": eng.tokenizer.convert_ids_to_tokens(list(ids)) if body.return_token_strs else None}
+    out: dict[str, Any] = {
+        "count": len(ids),
+        "max_model_len": eng.geometry.kv_max,
+        "tokens": list(ids),
+        "token_strs": eng.tokenizer.convert_ids_to_tokens(list(ids)) if body.return_token_strs else None,
+    }
     return jsonify(out)
 
 

@@ -145,12 +145,15 @@ class _Rules:
         return "anyvalue"
 
 
-def forced_calls(tokenizer, tools: Sequence[Tool], name: str | None, parallel: bool,
-                 thought_open: bool = False) -> str:
+def forced_calls(tokenizer, tools: Sequence[Tool], name: str | None, parallel: bool, thought_open: bool = False) -> str:
     """Lark text for `tool_choice` `required` (name None) or a named function. `thought_open`: the
     prompt ends inside the thought channel (thinking after a tool result), which the calls close first."""
-    ids = dict(zip(("open", "close", "quote", "eoc"),
-                   tokenizer.convert_tokens_to_ids(["<|tool_call>", "<tool_call|>", '<|"|>', "<channel|>"])))
+    ids = dict(
+        zip(
+            ("open", "close", "quote", "eoc"),
+            tokenizer.convert_tokens_to_ids(["<|tool_call>", "<tool_call|>", '<|"|>', "<channel|>"]),
+        )
+    )
     rules = _Rules(ids["quote"])
     calls = []
     for tool in tools:
@@ -164,8 +167,9 @@ def forced_calls(tokenizer, tools: Sequence[Tool], name: str | None, parallel: b
     return "\n".join([f"start: <[{ids['eoc']}]> {body}" if thought_open else f"start: {body}", *rules.lines])
 
 
-def forced(tokenizer, tools: Sequence[Tool] | None, tool_choice: ToolChoice | None, parallel: bool | None,
-           prompt: str) -> tuple[str, Grammar] | None:
+def forced(
+    tokenizer, tools: Sequence[Tool] | None, tool_choice: ToolChoice | None, parallel: bool | None, prompt: str
+) -> tuple[str, Grammar] | None:
     """The grammar a `tool_choice` imposes, named by that field: None for `auto` and `none`."""
     if not tools or tool_choice in (None, "auto", "none"):
         return None

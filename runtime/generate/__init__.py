@@ -1,1 +1,2 @@
-"""Generation on the host: the engine thread, its slots' sequences, logits processing, sampling, grammars and detokenising."""
+"""Generation on the host: the engine thread, its slots' sequences, logits processing, sampling, grammars and
+detokenising."""

@@ -36,11 +36,12 @@ class Detokenizer:
     def flush(self) -> str:
         """The unreleased rest, incomplete characters included (as U+FFFD), at the end of a stream.
         Decoded after the last released token, so a leading space survives as in the stream."""
-        before, now = (self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens,
-                                             clean_up_tokenization_spaces=False)
-                       for ids in (self.context, self.context + self.held))
+        before, now = (
+            self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens, clean_up_tokenization_spaces=False)
+            for ids in (self.context, self.context + self.held)
+        )
         self.held = []
-        return now[len(before):]
+        return now[len(before) :]
 
 
 def stop_prefix_len(text: str, stops: Sequence[str]) -> int:

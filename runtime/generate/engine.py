@@ -25,15 +25,14 @@ import torch
 
 from contract.artifact import Geometry, load_meta
 from contract.errors import Gemma4Error
-
 from runtime.generate.detok import TextStream
 from runtime.generate.grammar import LazyGrammars
 from runtime.generate.logits import Controls, TokenChooser, TokenLogprob, prompt_logprob
+from runtime.generate.sampling import SamplingParams
 from runtime.metrics import Metrics
 from runtime.model.loader import LoadedModel, load_artifact
 from runtime.model.prefix import choose_slot, forkable, spare_slot
 from runtime.model.slots import Slot, SlotState
-from runtime.generate.sampling import SamplingParams
 from runtime.settings import Settings, check_backend
 
 log = logging.getLogger("gemma4.engine")
@@ -71,17 +70,21 @@ def token_budget(geo: Geometry, prompt_len: int, max_tokens: int | None, default
     """The number of new tokens a request may generate: `max_tokens` if it fits, else an error
     naming the numbers; without `max_tokens`, `default` capped to the room left (or all of it)."""
     if prompt_len > geo.kv_max - 1:
-        raise DoesNotFit(f"the prompt has {prompt_len} tokens; the context of this model is {geo.kv_max} tokens, "
-                         f"so a prompt may have at most {geo.kv_max - 1} (one position for the first new token); "
-                         "prompts are never truncated")
+        raise DoesNotFit(
+            f"the prompt has {prompt_len} tokens; the context of this model is {geo.kv_max} tokens, "
+            f"so a prompt may have at most {geo.kv_max - 1} (one position for the first new token); "
+            "prompts are never truncated"
+        )
     room = geo.kv_max - prompt_len
     if max_tokens is None:
         if room < 1:
             raise DoesNotFit(f"the prompt has {prompt_len} tokens and fills the context of {geo.kv_max} tokens")
         return min(default or room, room)
     if max_tokens > room:
-        raise DoesNotFit(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} "
-                         f"exceeds the context of {geo.kv_max} tokens; at most {room} new tokens fit")
+        raise DoesNotFit(
+            f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) = {prompt_len + max_tokens} "
+            f"exceeds the context of {geo.kv_max} tokens; at most {room} new tokens fit"
+        )
     return max_tokens
 
 
@@ -253,7 +256,9 @@ class Engine:
             return f"the engine thread is not running ({self.state.value}: {self.reason})"
         started = self._call_started
         if started is not None and time.monotonic() - started > STUCK_AFTER_S:
-            return f"a device call has not returned for {time.monotonic() - started:.0f} s (bound {STUCK_AFTER_S:.0f} s)"
+            return (
+                f"a device call has not returned for {time.monotonic() - started:.0f} s (bound {STUCK_AFTER_S:.0f} s)"
+            )
         return None
 
     def close(self, timeout: float = 30.0) -> None:
@@ -337,8 +342,10 @@ class Engine:
             try:
                 self._queue.put_nowait([job] + [job.choice(i) for i in range(1, choices)])
             except queue.Full:
-                raise QueueFull(f"all {self.geometry.batch} slot(s) are busy and {self.settings.queue_max} "
-                                "request(s) are already waiting; retry shortly") from None
+                raise QueueFull(
+                    f"all {self.geometry.batch} slot(s) are busy and {self.settings.queue_max} "
+                    "request(s) are already waiting; retry shortly"
+                ) from None
         return job
 
     def _fail_all(self, message: str) -> None:
@@ -379,8 +386,12 @@ class Engine:
                 self._fork(source, free, live, logits)
                 continue
             reuse = self.settings.prefix_reuse
-            slot, reused = choose_slot(self.geometry, {s.index: s.tokens if reuse else None for s in free}, job.prefill,
-                                       {s.index: s.reach for s in free})
+            slot, reused = choose_slot(
+                self.geometry,
+                {s.index: s.tokens if reuse else None for s in free},
+                job.prefill,
+                {s.index: s.reach for s in free},
+            )
             self.metrics.prefix_admitted(reused)
             runner.slots[slot].request = live
             runner.start(slot, job.prefill, reused)
@@ -393,8 +404,9 @@ class Engine:
         while True:
             if i == len(self._choices):
                 try:
-                    self._choices.extend(self._queue.get_nowait() if self._busy()
-                                         else self._queue.get(timeout=IDLE_POLL_S))
+                    self._choices.extend(
+                        self._queue.get_nowait() if self._busy() else self._queue.get(timeout=IDLE_POLL_S)
+                    )
                 except queue.Empty:
                     return None
             job = self._choices[i]
@@ -415,9 +427,13 @@ class Engine:
         if first.logits is None:
             mine = any(s.state is SlotState.PREFILLING and s.request.job.first is first for s in slots)
             return WAIT if mine else None
-        held = [s for s in slots if s.state is not SlotState.PREFILLING
-                and forkable(self.geometry, s.tokens, job.prompt, s.reach)
-                and (self.settings.prefix_reuse or (not s.free and s.request.job.first is first))]
+        held = [
+            s
+            for s in slots
+            if s.state is not SlotState.PREFILLING
+            and forkable(self.geometry, s.tokens, job.prompt, s.reach)
+            and (self.settings.prefix_reuse or (not s.free and s.request.job.first is first))
+        ]
         best = min(held, key=lambda s: (not s.free, len(s.tokens)), default=None)
         return None if best is None else best.index
 
@@ -452,7 +468,9 @@ class Engine:
             self._finish(slot, "cancelled")
         runner = self.model.runner
         # Oldest request first: it has waited longest for its first token.
-        waiting = sorted((s for s in runner.slots if s.state is SlotState.PREFILLING), key=lambda s: s.request.job.accepted)
+        waiting = sorted(
+            (s for s in runner.slots if s.state is SlotState.PREFILLING), key=lambda s: s.request.job.accepted
+        )
         budget, shared = self.settings.prefill_chunks_per_step or float("inf"), False
         for s in waiting:
             while budget and s.state is SlotState.PREFILLING:

@@ -110,8 +110,9 @@ class TokenChooser:
         self.bias_ids = np.fromiter(bias, dtype=np.int64, count=len(bias))
         self.bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
 
-    def choose(self, logits: torch.Tensor, params: SamplingParams, cap: float | None,
-               generator: torch.Generator) -> tuple[int, TokenLogprob | None]:
+    def choose(
+        self, logits: torch.Tensor, params: SamplingParams, cap: float | None, generator: torch.Generator
+    ) -> tuple[int, TokenLogprob | None]:
         """The next token from a raw logits row (V,), and its logprobs if the request asked for them."""
         c = self.controls
         banned = self.generated < c.min_tokens
@@ -157,4 +158,3 @@ class TokenChooser:
     def ends_generation(self, token: int) -> bool:
         """An end-of-generation id (unless ignore_eos) or one of the request's stop_token_ids."""
         return token in self.ends
-

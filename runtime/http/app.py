@@ -9,10 +9,10 @@ from flask import Flask, Response, jsonify, request
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from runtime.api import errors
+from runtime.api.errors import APIError
 from runtime.api.routes import bp as openai_bp
 from runtime.api.routes import vllm_bp
 from runtime.generate.engine import Engine, State
-from runtime.api.errors import APIError
 from runtime.settings import Settings
 
 OPEN_PATHS = ("/health", "/ready", "/metrics")  # probes and scrapers need no key
@@ -36,8 +36,12 @@ def create_app(config: Settings, engine: Engine | None = None) -> Flask:
         header = request.headers.get("Authorization", "")
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(key.strip().encode(), config.api_key.encode()):
-            raise APIError(401, "missing or wrong API key: send `Authorization: Bearer <key>`",
-                           code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+            raise APIError(
+                401,
+                "missing or wrong API key: send `Authorization: Bearer <key>`",
+                code="invalid_api_key",
+                headers={"WWW-Authenticate": "Bearer"},
+            )
         return None
 
     @app.after_request
@@ -56,8 +60,12 @@ def create_app(config: Settings, engine: Engine | None = None) -> Flask:
 
     @app.get("/ready")
     def ready():
-        body = {"ready": eng.state is State.READY, "state": eng.state.value, "reason": eng.reason,
-                "model": eng.model_name}
+        body = {
+            "ready": eng.state is State.READY,
+            "state": eng.state.value,
+            "reason": eng.reason,
+            "model": eng.model_name,
+        }
         return jsonify(body), 200 if eng.state is State.READY else 503
 
     @app.get("/metrics")

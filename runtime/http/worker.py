@@ -25,9 +25,9 @@ from functools import partial
 from http import HTTPStatus
 from selectors import EVENT_READ
 
-from gunicorn.http import get_parser
 from gunicorn.http import errors as perr
-from gunicorn.workers.gthread import ThreadWorker, TConn
+from gunicorn.http import get_parser
+from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from runtime.api.errors import APIError
 
@@ -40,9 +40,12 @@ RECV_BYTES = 256 * 1024
 READY = "ready"
 
 # gunicorn's parse errors -> (status, code); the rest of its client errors are 400s.
-STATUS = {perr.LimitRequestLine: (414, "uri_too_long"), perr.LimitRequestHeaders: (431, "headers_too_large"),
-          perr.ExpectationFailed: (417, "expectation_failed"),
-          perr.UnsupportedTransferCoding: (501, "unsupported_transfer_coding")}
+STATUS = {
+    perr.LimitRequestLine: (414, "uri_too_long"),
+    perr.LimitRequestHeaders: (431, "headers_too_large"),
+    perr.ExpectationFailed: (417, "expectation_failed"),
+    perr.UnsupportedTransferCoding: (501, "unsupported_transfer_coding"),
+}
 CLIENT_ERRORS = (perr.ParseException, perr.NoMoreData)
 APP_ERRORS = (perr.InvalidResponseHeader, perr.InvalidResponseHeaderName)  # headers the app tried to send
 
@@ -54,10 +57,17 @@ def _chunks(body: bytes, max_body: int) -> str | tuple[int, str] | None:
     while True:
         eol = body.find(b"\r\n", pos)
         if eol < 0:
-            return None if len(body) - pos <= 4096 else (400, "malformed chunked encoding: a chunk size line over 4096 bytes")
+            return (
+                None
+                if len(body) - pos <= 4096
+                else (400, "malformed chunked encoding: a chunk size line over 4096 bytes")
+            )
         digits = body[pos:eol].split(b";", 1)[0].rstrip(b" \t")
         if not digits or digits.strip(b"0123456789abcdefABCDEF"):
-            return 400, f"malformed chunked encoding: chunk size {digits[:32].decode('latin-1')!r} is not a hexadecimal number"
+            return (
+                400,
+                f"malformed chunked encoding: chunk size {digits[:32].decode('latin-1')!r} is not a hexadecimal number",
+            )
         size = int(digits, 16)
         total += size
         if total > max_body:
@@ -68,7 +78,7 @@ def _chunks(body: bytes, max_body: int) -> str | tuple[int, str] | None:
         end = eol + 2 + size
         if len(body) < end + 2:
             return None
-        if body[end:end + 2] != b"\r\n":
+        if body[end : end + 2] != b"\r\n":
             return 400, "malformed chunked encoding: a chunk's data is not followed by CRLF"
         pos = end + 2
 
@@ -87,7 +97,7 @@ def framing(buf: bytes, max_body: int) -> str | tuple[int, str] | None:
         fields[name] = f"{fields[name]},{value.strip()}" if name in fields else value.strip()
     if "100-continue" in fields.get("expect", "").lower():
         return READY  # the client waits for "100 Continue" (sent when the body is read) before the body
-    body = buf[end + 4:]
+    body = buf[end + 4 :]
     if "chunked" in fields.get("transfer-encoding", "").lower():
         return _chunks(body, max_body)
     length = fields.get("content-length", "")
@@ -100,8 +110,10 @@ def framing(buf: bytes, max_body: int) -> str | tuple[int, str] | None:
 
 def error_response(status: int, message: str, code: str) -> bytes:
     body = json.dumps(APIError(status, message, code=code).body()).encode()
-    head = (f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
-            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n")
+    head = (
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+        f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     return head.encode("latin-1") + body
 
 

@@ -19,7 +19,9 @@ class CpuBackend:
         torch.set_grad_enabled(False)
         mine = {name.removeprefix(prefix): rel for name, rel in meta.graphs.items() if name.startswith(prefix)}
         # The graphs are methods of one module per file, sharing its weights: load each file once.
-        modules = {rel: torch.jit.load(str(Path(folder) / rel), map_location="cpu").eval() for rel in set(mine.values())}
+        modules = {
+            rel: torch.jit.load(str(Path(folder) / rel), map_location="cpu").eval() for rel in set(mine.values())
+        }
         self.graphs = {name: getattr(modules[rel], name) for name, rel in mine.items()}
         self.kv_shapes = geo.kv_shapes
         self.dtype = DTYPES[geo.dtype]
@@ -43,4 +45,3 @@ class CpuBackend:
 
     def close(self) -> None:
         self.graphs.clear()
-

@@ -11,7 +11,6 @@ from contract.errors import Gemma4Error
 from contract.hostside import HostInputs, HostTables
 from contract.logit_error import judge_golden
 from contract.tokenizer import load_tokenizer
-
 from runtime.model.runner import Backend, ModelRunner
 
 
@@ -43,8 +42,10 @@ class LoadedModel:
             tokens, logits = self.runner.greedy(list(golden.ids), len(golden.tokens), slot)
             _, problem = judge_golden(golden, tokens, logits, geo.softcap, geo.dtype)
             if problem:
-                raise SelfTestFailed(f"golden prompt {golden.name!r} (slot {slot}) gave {tokens}, the float "
-                                     f"reference {list(golden.tokens)}: {problem}")
+                raise SelfTestFailed(
+                    f"golden prompt {golden.name!r} (slot {slot}) gave {tokens}, the float "
+                    f"reference {list(golden.tokens)}: {problem}"
+                )
 
 
 def make_backend(folder: Path, meta: ArtifactMeta) -> Backend:

@@ -30,10 +30,11 @@ START_RANK = torch.tensor([0], dtype=torch.int32)  # this process drives every r
 
 # -- KV split between the host (whole model) and the ranks (their heads) -------------------------
 
+
 def split_kv(full: list[torch.Tensor], ranges) -> list[list[torch.Tensor]]:
     """Whole-model KV tensors (B, H, K, D) -> each rank's buffers; ranges[tensor][rank] = (start, count) heads."""
     tp = len(ranges[0])
-    return [[t[:, s:s + n].contiguous() for t, (s, n) in zip(full, (r[rank] for r in ranges))] for rank in range(tp)]
+    return [[t[:, s : s + n].contiguous() for t, (s, n) in zip(full, (r[rank] for r in ranges))] for rank in range(tp)]
 
 
 def join_kv(ranks: list[list[torch.Tensor]], ranges) -> list[torch.Tensor]:
@@ -119,8 +120,11 @@ class NeuronBackend:
             weights = [load_file(str(folder / NXD_WEIGHTS.format(rank=r))) for r in range(geo.tp)]
             self.model.nxd_model.initialize(weights, START_RANK)  # a loaded model refuses to run before
         del weights
-        log.info("Neuron model loaded: %d rank(s) on NeuronCore(s) %s", geo.tp,
-                 ",".join(map(str, self.cores)) if self.cores else "from 0 (NEURON_RT_VISIBLE_CORES unset: all cores)")
+        log.info(
+            "Neuron model loaded: %d rank(s) on NeuronCore(s) %s",
+            geo.tp,
+            ",".join(map(str, self.cores)) if self.cores else "from 0 (NEURON_RT_VISIBLE_CORES unset: all cores)",
+        )
         self.kv = ResidentKV(self.model.nxd_model, len(geo.kv_shapes))
         self.host_prefill = _HostPrefill(folder, meta) if self.layout.host_prefill else None
 

@@ -34,11 +34,12 @@ def forkable(geo: Geometry, held: list[int], prompt: list[int], reach: int) -> b
     """Whether a copy of a slot that holds the KV of `held`, written up to `reach`, can serve another
     choice of `prompt`, decoding on from the prompt's end (its first token comes from the prompt's
     logits, kept aside): the slot holds the whole prompt, and its ring what the next positions read."""
-    return bool(prompt) and held[:len(prompt)] == prompt and ring_holds(geo, reach, len(prompt))
+    return bool(prompt) and held[: len(prompt)] == prompt and ring_holds(geo, reach, len(prompt))
 
 
-def choose_slot(geo: Geometry, free: dict[int, list[int] | None], prompt: list[int],
-                reach: dict[int, int] | None = None) -> tuple[int, int]:
+def choose_slot(
+    geo: Geometry, free: dict[int, list[int] | None], prompt: list[int], reach: dict[int, int] | None = None
+) -> tuple[int, int]:
     """(slot, positions reused) for a new prompt among the free slots, each with the tokens whose KV
     it retains (None: nothing worth keeping) and how far its writes reached (reusable_prefix), in the
     caller's order of preference. The slot with the

@@ -99,8 +99,12 @@ class RankGroup:
         self._conns, self._procs = [], []
         for rank in range(tp):
             parent, child = ctx.Pipe()
-            proc = ctx.Process(target=_rank_main, name=f"gemma4-tp-rank{rank}", daemon=True,
-                               args=(rank, tp, self._store.port, child, factory, args, timeout))
+            proc = ctx.Process(
+                target=_rank_main,
+                name=f"gemma4-tp-rank{rank}",
+                daemon=True,
+                args=(rank, tp, self._store.port, child, factory, args, timeout),
+            )
             proc.start()
             child.close()
             self._conns.append(parent)
@@ -126,8 +130,10 @@ class RankGroup:
         pending = dict(enumerate(self._conns))
         deadline = time.monotonic() + self.timeout
         while pending:
-            ready = wait([*pending.values(), *(self._procs[r].sentinel for r in pending)],
-                         timeout=max(0.0, deadline - time.monotonic()))
+            ready = wait(
+                [*pending.values(), *(self._procs[r].sentinel for r in pending)],
+                timeout=max(0.0, deadline - time.monotonic()),
+            )
             if not ready:
                 self._fail(f"tp rank(s) {sorted(pending)} did not finish {what} within {self.timeout:g} s")
             died, failed = [], []

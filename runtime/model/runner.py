@@ -12,7 +12,6 @@ from contract.artifact import Geometry
 from contract.errors import Gemma4Error
 from contract.greedy import argmax
 from contract.hostside import HostInputs
-
 from runtime.model.prefix import reusable_prefix, ring_holds
 from runtime.model.slots import Slot, SlotState
 
@@ -69,11 +68,15 @@ class ModelRunner:
         if not s.free:
             raise RuntimeError(f"slot {slot} is {s.state.value}, not free")
         if not 0 < len(ids) <= self.max_prompt:
-            raise PromptTooLong(f"prompt has {len(ids)} tokens; this model holds at most {self.max_prompt} "
-                                f"(kv_max {self.geo.kv_max} less one position to generate into)")
+            raise PromptTooLong(
+                f"prompt has {len(ids)} tokens; this model holds at most {self.max_prompt} "
+                f"(kv_max {self.geo.kv_max} less one position to generate into)"
+            )
         if reused and self.reusable(slot, ids) < reused:
-            raise ValueError(f"slot {slot} cannot keep {reused} positions for this prompt: it holds "
-                             f"{self.reusable(slot, ids)} of them")
+            raise ValueError(
+                f"slot {slot} cannot keep {reused} positions for this prompt: it holds "
+                f"{self.reusable(slot, ids)} of them"
+            )
         s.start(ids, reused, chunks(reused, len(ids), self.geo.buckets))
 
     def prefill_step(self, slot: int) -> torch.Tensor | None:
@@ -83,7 +86,7 @@ class ModelRunner:
         if s.state is not SlotState.PREFILLING:
             raise RuntimeError(f"slot {slot} is {s.state.value}, not prefilling")
         first, n, bucket = s.plan[s.chunk]
-        ids = s.prompt[first:first + n]
+        ids = s.prompt[first : first + n]
         keys = self.geo.keys_for_chunk(bucket, first + n)  # the chunk's cost follows the prompt, not kv_max
         logits = self.backend.prefill(bucket, keys, self.host.prefill(ids, bucket, slot, start=first, keys=keys))
         s.wrote(ids)
@@ -115,10 +118,16 @@ class ModelRunner:
         keep = held if keep is None else keep
         if not (0 < keep <= held and ring_holds(self.geo, s.reach, keep)):
             ring = self.geo.ring < self.geo.kv_max
-            raise ValueError(f"slot {src} holds {held} positions; a fork keeps 1 to {held} of them" + (
-                f", ending at most {self.geo.ring - self.geo.sliding_window} before the furthest position "
-                f"written there ({s.reach - 1}: its sliding ring of {self.geo.ring} has overwritten older keys)"
-                if ring else "") + f", not {keep}")
+            raise ValueError(
+                f"slot {src} holds {held} positions; a fork keeps 1 to {held} of them"
+                + (
+                    f", ending at most {self.geo.ring - self.geo.sliding_window} before the furthest position "
+                    f"written there ({s.reach - 1}: its sliding ring of {self.geo.ring} has overwritten older keys)"
+                    if ring
+                    else ""
+                )
+                + f", not {keep}"
+            )
         if src != dst:
             keys = self.keys_for(keep - 1)
             self.backend.copy(keys, self.host.copy(src, dst, keep, keys))
@@ -150,7 +159,9 @@ class ModelRunner:
     def free(self, slot: int) -> None:
         self.slots[slot].release()
 
-    def greedy(self, ids: list[int], steps: int, slot: int = 0, reused: int = 0) -> tuple[list[int], list[torch.Tensor]]:
+    def greedy(
+        self, ids: list[int], steps: int, slot: int = 0, reused: int = 0
+    ) -> tuple[list[int], list[torch.Tensor]]:
         """Greedy continuation of one prompt (keeping the KV of its first `reused` positions, which
         the slot holds): tokens and the raw logits (float32) that chose each. The slot retains its KV."""
         return self.greedy_on(slot, self.prefill(slot, ids, reused), steps)

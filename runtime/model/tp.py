@@ -14,9 +14,8 @@ from pathlib import Path
 import torch
 
 from contract.artifact import ArtifactMeta
-from runtime.model.ranks import CALL_TIMEOUT_S, RankGroup
-
 from runtime.model.cpu import CpuBackend
+from runtime.model.ranks import CALL_TIMEOUT_S, RankGroup
 
 
 class _Rank(CpuBackend):

@@ -27,6 +27,7 @@ def _edited(src: Path, dst: Path, edit) -> Path:
 def with_wrong_golden(src: Path, dst: Path) -> Path:
     """A copy whose first golden step names another token as the reference's best: only the self-test
     can notice."""
+
     def edit(raw):
         golden = raw["golden"][0]
         wrong = next(t for t in range(raw["geometry"]["vocab"]) if t not in golden["steps"][0]["ids"])
@@ -37,6 +38,7 @@ def with_wrong_golden(src: Path, dst: Path) -> Path:
 
 def with_eos(src: Path, dst: Path, token: int) -> Path:
     """A copy that also ends generation at `token` (a random model hardly ever samples its real EOS)."""
+
     def edit(raw):
         raw["eos_token_ids"] = sorted({*raw["eos_token_ids"], token})
 
@@ -45,6 +47,7 @@ def with_eos(src: Path, dst: Path, token: int) -> Path:
 
 def with_backend(src: Path, dst: Path, backend: str) -> Path:
     """A copy that says it was compiled for `backend` (the graphs stay what they are)."""
+
     def edit(raw):
         raw["backend"] = backend
 
@@ -54,6 +57,7 @@ def with_backend(src: Path, dst: Path, backend: str) -> Path:
 def with_rope_scaled(src: Path, dst: Path, factor: float, kind: str = "full") -> Path:
     """A copy whose rotary frequencies for one attention kind are off by `factor` (a wrong table or
     scaling rule that bends the logits without flipping a short greedy run)."""
+
     def edit(raw):
         rope = raw["geometry"]["rope"][kind]
         rope["inv_freq"] = [f * factor for f in rope["inv_freq"]]
@@ -61,9 +65,11 @@ def with_rope_scaled(src: Path, dst: Path, factor: float, kind: str = "full") ->
     return _edited(src, dst, edit)
 
 
-def with_golden_step(src: Path, dst: Path, prompt: int, step: int, ids: list[int], logits: list[float],
-                     token: int) -> Path:
+def with_golden_step(
+    src: Path, dst: Path, prompt: int, step: int, ids: list[int], logits: list[float], token: int
+) -> Path:
     """A copy whose golden prompt `prompt` stores other reference data at `step`."""
+
     def edit(raw):
         golden = raw["golden"][prompt]
         golden["tokens"][step] = token

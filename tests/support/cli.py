@@ -10,8 +10,15 @@ from . import ROOT
 
 
 def build_py(*args: str, timeout: float = 600, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / "build.py"), *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env=os.environ | {"COLUMNS": "250"}, timeout=timeout, **kw)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "build.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=os.environ | {"COLUMNS": "250"},
+        timeout=timeout,
+        **kw,
+    )
 
 
 def verify(folder, *extra: str) -> subprocess.CompletedProcess:

@@ -37,8 +37,12 @@ def ensure_installed() -> None:
         return
     env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
     subprocess.run(["apt-get", "update", "-q"], check=True, env=env, capture_output=True)
-    subprocess.run(["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing], check=True, env=env,
-                   capture_output=True)
+    subprocess.run(
+        ["apt-get", "install", "-y", "-q", "--no-install-recommends", *missing],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
 
 
 def _wait_up(probe, not_yet: type[Exception], proc: subprocess.Popen, timeout: float, failed) -> None:
@@ -80,10 +84,25 @@ class Engine:
         data = data or root / "data"
         log = open(root / "dockerd.log", "wb")
         proc = subprocess.Popen(
-            ["dockerd", "--data-root", str(data), "--exec-root", f"{root}/exec", "--pidfile", f"{root}/pid",
-             "-H", f"unix://{root}/docker.sock", "--storage-driver=overlay2", "--iptables=false",
-             "--ip-forward=false", "--ip-masq=false", "--bridge=none"],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                "dockerd",
+                "--data-root",
+                str(data),
+                "--exec-root",
+                f"{root}/exec",
+                "--pidfile",
+                f"{root}/pid",
+                "-H",
+                f"unix://{root}/docker.sock",
+                "--storage-driver=overlay2",
+                "--iptables=false",
+                "--ip-forward=false",
+                "--ip-masq=false",
+                "--bridge=none",
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         engine = cls(root, proc)
         import docker
@@ -134,16 +153,25 @@ class Registry:
             "log: {level: warn}\n"
         )
         log = open(root / "registry.log", "wb")
-        proc = subprocess.Popen(["docker-registry", "serve", str(root / "config.yml")], stdout=log,
-                                stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            ["docker-registry", "serve", str(root / "config.yml")],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         registry = cls(root, port, proc)
 
         def failed() -> Exception:
             registry.stop()
             return RuntimeError(f"docker-registry did not start: see {root}/registry.log")
 
-        _wait_up(lambda: requests.get(f"http://{registry.address}/v2/", timeout=2).raise_for_status(),
-                 requests.RequestException, proc, 30, failed)
+        _wait_up(
+            lambda: requests.get(f"http://{registry.address}/v2/", timeout=2).raise_for_status(),
+            requests.RequestException,
+            proc,
+            30,
+            failed,
+        )
         return registry
 
     def stop(self) -> None:

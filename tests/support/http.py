@@ -5,16 +5,13 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 import httpx2
 import openai
+import pytest
 
 from runtime.http.app import create_app
 from runtime.settings import Settings
-
 from support.engines import ready
-
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -42,12 +39,16 @@ def client(settings, engine):
 def openai_client(engine) -> openai.OpenAI:
     """The official client, on the app in process (WSGI), as it would talk to the server."""
     app = create_app(engine.settings, engine)
-    return openai.OpenAI(base_url="http://app.test/v1", api_key="unused", max_retries=0,
-                         http_client=httpx2.Client(transport=httpx2.WSGITransport(app=app)))
+    return openai.OpenAI(
+        base_url="http://app.test/v1",
+        api_key="unused",
+        max_retries=0,
+        http_client=httpx2.Client(transport=httpx2.WSGITransport(app=app)),
+    )
 
 
 def sse_events(data: bytes) -> list:
-    lines = [ln[len("data: "):] for ln in data.decode().split("\n\n") if ln.startswith("data: ")]
+    lines = [ln[len("data: ") :] for ln in data.decode().split("\n\n") if ln.startswith("data: ")]
     assert lines[-1] == "[DONE]"
     return [json.loads(ln) for ln in lines[:-1]]
 

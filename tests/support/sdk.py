@@ -24,16 +24,30 @@ def sdk_env(**extra: str) -> dict[str, str]:
 
 def run_cli(*args: str, timeout: float = 600, **env: str) -> subprocess.CompletedProcess:
     """`build.py ARGS` with the stand-in SDK installed."""
-    return subprocess.run([sys.executable, str(ROOT / "build.py"), *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env=sdk_env(COLUMNS="200", **env), timeout=timeout)
+    return subprocess.run(
+        [sys.executable, str(ROOT / "build.py"), *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=sdk_env(COLUMNS="200", **env),
+        timeout=timeout,
+    )
 
 
 def run_python(code: str, *args, timeout: float = 600, **env: str):
     """Run `code` (argv = args) with the stand-in; it reports by calling `report(value)` once; returns value."""
     prelude = f"import json, sys\ndef report(value):\n    print({MARK!r} + json.dumps(value), flush=True)\n"
-    done = subprocess.run([sys.executable, "-c", prelude + code, *map(str, args)], capture_output=True, text=True,
-                          cwd=ROOT, env=sdk_env(**env), timeout=timeout)
+    done = subprocess.run(
+        [sys.executable, "-c", prelude + code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=sdk_env(**env),
+        timeout=timeout,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith(MARK)]
     if done.returncode != 0 or not lines:
-        raise AssertionError(f"the child failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}")
-    return json.loads(lines[-1][len(MARK):])
+        raise AssertionError(
+            f"the child failed (exit {done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
+        )
+    return json.loads(lines[-1][len(MARK) :])

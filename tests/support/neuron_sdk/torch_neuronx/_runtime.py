@@ -48,8 +48,9 @@ def visible_cores() -> list[int]:
         cores += range(int(first), int(last or first) + 1)
     bad = [c for c in cores if not 0 <= c < MACHINE_CORES]
     if bad:
-        raise RuntimeError(f"NEURON_RT_VISIBLE_CORES={raw}: no NeuronCore {bad} on this machine "
-                           f"(it has {MACHINE_CORES})")
+        raise RuntimeError(
+            f"NEURON_RT_VISIBLE_CORES={raw}: no NeuronCore {bad} on this machine (it has {MACHINE_CORES})"
+        )
     return cores
 
 
@@ -58,8 +59,7 @@ def neuron_cores_context(start_nc: int = -1, nc_count: int = -1):
     if nc_count == 0 or nc_count < -1:
         raise ValueError(f"Invalid NeuronCore count nc_count={nc_count}")
     if nc_count > len(visible_cores()):
-        raise ValueError(f"Invalid NeuronCore count nc_count={nc_count}. NeuronCores available: "
-                         f"{len(visible_cores())}")
+        raise ValueError(f"Invalid NeuronCore count nc_count={nc_count}. NeuronCores available: {len(visible_cores())}")
     old = dict(_default)
     _default.update(start_nc=start_nc, nc_count=nc_count)
     try:
@@ -81,8 +81,10 @@ def tracing():
 _LIB = torch.library.Library("nxd_standin", "DEF")
 _LIB.define("all_reduce(Tensor x) -> Tensor")
 _LIB.define("place(int ranks, Tensor start_rank) -> int[]")
-_LIB.define("spmd_run(Tensor neff, Tensor[] inputs, Tensor[] weights, Tensor(a!)[] states, int ranks, "
-            "int[] aliased) -> Tensor[]")
+_LIB.define(
+    "spmd_run(Tensor neff, Tensor[] inputs, Tensor[] weights, Tensor(a!)[] states, int ranks, "
+    "int[] aliased) -> Tensor[]"
+)
 
 
 @torch.library.impl(_LIB, "all_reduce", "CPU")
@@ -103,8 +105,10 @@ def _place(ranks: int, start_rank: torch.Tensor) -> list[int]:
         raise NotImplementedError("an NxD model placed from start_nc > 0 is not modelled")
     cores = visible_cores()
     if ranks > len(cores):
-        raise RuntimeError(f"the model has {ranks} ranks, the process sees {len(cores)} NeuronCore(s) {cores} "
-                           f"(NEURON_RT_VISIBLE_CORES={os.environ.get('NEURON_RT_VISIBLE_CORES', '')!r})")
+        raise RuntimeError(
+            f"the model has {ranks} ranks, the process sees {len(cores)} NeuronCore(s) {cores} "
+            f"(NEURON_RT_VISIBLE_CORES={os.environ.get('NEURON_RT_VISIBLE_CORES', '')!r})"
+        )
     return cores[:ranks]
 
 
@@ -148,13 +152,15 @@ def _run_rank(graph, group, rank, inputs, weights, states, out, errors):
 def _spmd_run(neff, inputs, weights, states, ranks: int, aliased: list[int]):
     graph = _graph(neff)
     n_w, n_s = len(weights) // ranks, len(states) // ranks
-    per_rank = [(weights[r * n_w:(r + 1) * n_w], states[r * n_s:(r + 1) * n_s]) for r in range(ranks)]
+    per_rank = [(weights[r * n_w : (r + 1) * n_w], states[r * n_s : (r + 1) * n_s]) for r in range(ranks)]
     group, out, errors = _Group(ranks), [None] * ranks, []
     if ranks == 1:
         _run_rank(graph, group, 0, inputs, *per_rank[0], out, errors)
     else:
-        threads = [threading.Thread(target=_run_rank, args=(graph, group, r, inputs, *per_rank[r], out, errors))
-                   for r in range(ranks)]
+        threads = [
+            threading.Thread(target=_run_rank, args=(graph, group, r, inputs, *per_rank[r], out, errors))
+            for r in range(ranks)
+        ]
         for t in threads:
             t.start()
         for t in threads:

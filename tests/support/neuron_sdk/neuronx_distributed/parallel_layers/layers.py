@@ -19,7 +19,12 @@ from . import parallel_state
 
 def _parallel_weight(shape, dtype, dim: int, tp: int) -> nn.Parameter:
     weight = nn.Parameter(torch.empty(shape, dtype=dtype), requires_grad=False)
-    weight.tensor_model_parallel, weight.partition_dim, weight.partition_stride, weight.num_partitions = True, dim, 1, tp
+    weight.tensor_model_parallel, weight.partition_dim, weight.partition_stride, weight.num_partitions = (
+        True,
+        dim,
+        1,
+        tp,
+    )
     return weight
 
 
@@ -47,8 +52,16 @@ class ColumnParallelLinear(nn.Module):
 
 
 class RowParallelLinear(nn.Module):
-    def __init__(self, input_size, output_size, bias=True, input_is_parallel=False, dtype=torch.float32,
-                 reduce_dtype=torch.float32, **other):
+    def __init__(
+        self,
+        input_size,
+        output_size,
+        bias=True,
+        input_is_parallel=False,
+        dtype=torch.float32,
+        reduce_dtype=torch.float32,
+        **other,
+    ):
         super().__init__()
         _refuse(bias=bias, scatter_input=not input_is_parallel, **other)
         tp = parallel_state.get_tensor_model_parallel_size()

@@ -45,7 +45,9 @@ def append_default_compiler_flags(compiler_args=""):
     if "--auto-cast" not in compiler_args:
         compiler_args += " --auto-cast=none "
     elif "--auto-cast=none" not in compiler_args:
-        logger.warning("Compiler argument ``--auto-cast=none`` not detected. Other values might result in lower accuracy")
+        logger.warning(
+            "Compiler argument ``--auto-cast=none`` not detected. Other values might result in lower accuracy"
+        )
     if not re.search(r"-O\d+", compiler_args):
         compiler_args += " -O1 "
     return compiler_args
@@ -98,16 +100,17 @@ class _Lowered:
         by_id = {id(p): n for n, p in params.items()}
         aliased = {by_id[id(p)]: index for p, index in aliases.items()}
         if sorted(aliased) != sorted(state_names):
-            raise NotImplementedError(f"buckets alias different state ({sorted(aliased)} vs {sorted(state_names)}): "
-                                      "not modelled")
+            raise NotImplementedError(
+                f"buckets alias different state ({sorted(aliased)} vs {sorted(state_names)}): not modelled"
+            )
         self.weight_names = [n for n in params if n not in aliased]
         self.aliased = [aliased[n] for n in state_names]
         names = self.weight_names + list(state_names)
         tensors = [params[n].detach() for n in names]
 
         def graph(*args):
-            with _as_inputs(module, names, args[len(example_inputs):]):
-                return module(*args[:len(example_inputs)])
+            with _as_inputs(module, names, args[len(example_inputs) :]):
+                return module(*args[: len(example_inputs)])
 
         with runtime.tracing(), warnings.catch_warnings():
             warnings.simplefilter("ignore", torch.jit.TracerWarning)
@@ -115,8 +118,9 @@ class _Lowered:
             outputs = graph(*example_inputs, *tensors)
         for name, index in zip(state_names, self.aliased):
             if index >= len(outputs) or outputs[index].shape != params[name].shape:
-                raise ValueError(f"state {name} {tuple(params[name].shape)} is aliased to output {index}, "
-                                 "which has another shape")
+                raise ValueError(
+                    f"state {name} {tuple(params[name].shape)} is aliased to output {index}, which has another shape"
+                )
         buf = io.BytesIO()
         torch.jit.save(traced, buf)
         self.neff = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
@@ -125,22 +129,41 @@ class _Lowered:
 
 
 class ModelBuilder:
-    def __init__(self, router, tp_degree, checkpoint_loader, start_rank_id=0, pp_degree=1, ep_degree=1,
-                 local_ranks_size=None, world_size=None, compiler_workdir=None, **other):
-        if pp_degree != 1 or ep_degree != 1 or start_rank_id != 0 or world_size not in (None, tp_degree) \
-                or local_ranks_size not in (None, tp_degree) or any(other.values()):
+    def __init__(
+        self,
+        router,
+        tp_degree,
+        checkpoint_loader,
+        start_rank_id=0,
+        pp_degree=1,
+        ep_degree=1,
+        local_ranks_size=None,
+        world_size=None,
+        compiler_workdir=None,
+        **other,
+    ):
+        if (
+            pp_degree != 1
+            or ep_degree != 1
+            or start_rank_id != 0
+            or world_size not in (None, tp_degree)
+            or local_ranks_size not in (None, tp_degree)
+            or any(other.values())
+        ):
             raise NotImplementedError("the stand-in models one node of tp ranks, nothing else")
         self.tp_degree = tp_degree
         self.checkpoint_loader = checkpoint_loader
         self.compiler_workdir = compiler_workdir or "/tmp/nxd_model/"
         self.model_collection = {}
 
-    def add(self, key, model_instance, example_inputs, compiler_args=None, bucket_config=None,
-            priority_model_idx=None):
+    def add(self, key, model_instance, example_inputs, compiler_args=None, bucket_config=None, priority_model_idx=None):
         if bucket_config is not None or priority_model_idx is not None:
             raise NotImplementedError("bucket_config / priority_model_idx are not modelled")
-        self.model_collection[key] = (model_instance, [tuple(e) for e in example_inputs],
-                                      append_default_compiler_flags(compiler_args))
+        self.model_collection[key] = (
+            model_instance,
+            [tuple(e) for e in example_inputs],
+            append_default_compiler_flags(compiler_args),
+        )
         return self
 
     def trace(self, initialize_model_weights=True, dry_run=False):
@@ -161,17 +184,27 @@ class ModelBuilder:
         packed = next(iter(lowered.values())).outputs
         odd = [f"{k}_{b}" for (k, b), low in lowered.items() if low.outputs != packed]
         if odd:
-            raise NotImplementedError(f"{odd} give another number of unaliased outputs than the first key's "
-                                      f"{packed}, which its one packer is traced from: not modelled")
+            raise NotImplementedError(
+                f"{odd} give another number of unaliased outputs than the first key's "
+                f"{packed}, which its one packer is traced from: not modelled"
+            )
         shape_map = {}
         for (key, bucket), _ in lowered.items():
             example = self.model_collection[key][1][bucket]
             shape_map[str([list(t.shape) for t in example])] = (key, bucket)
         ids = {f"{k}_{b}": low for (k, b), low in lowered.items()}
-        nxd_model = torch.jit.script(NxDModel(
-            {i: low.neff for i, low in ids.items()}, shape_map, {i: low.input_types for i, low in ids.items()},
-            {i: low.weight_names for i, low in ids.items()}, {i: low.aliased for i, low in ids.items()},
-            state[0], state[1], self.tp_degree))
+        nxd_model = torch.jit.script(
+            NxDModel(
+                {i: low.neff for i, low in ids.items()},
+                shape_map,
+                {i: low.input_types for i, low in ids.items()},
+                {i: low.weight_names for i, low in ids.items()},
+                {i: low.aliased for i, low in ids.items()},
+                state[0],
+                state[1],
+                self.tp_degree,
+            )
+        )
         last = list(self.model_collection.values())[-1][1]
         nxd_model.mocked = True  # ModelBuilder mocks initialisation for the executor's trace
         executor = torch.jit.trace(NxDModelExecutor(nxd_model), last[0], strict=False)
@@ -211,7 +244,9 @@ class ModelBuilder:
                         size = sharded[name].shape[param.partition_dim] // param.num_partitions
                         sharded[name] = sharded[name].narrow(param.partition_dim, rank * size, size)
                 if serialize_path is not None:
-                    save_file({k: v.contiguous() for k, v in sharded.items()},
-                              os.path.join(serialize_path, f"tp{rank}_sharded_checkpoint.safetensors"))
+                    save_file(
+                        {k: v.contiguous() for k, v in sharded.items()},
+                        os.path.join(serialize_path, f"tp{rank}_sharded_checkpoint.safetensors"),
+                    )
                 out.append(sharded)
         return out

@@ -21,32 +21,38 @@ in the source; callers take element 0). Input dtypes must be the compiled ones (
 have fixed types; the real error is not in the source, so this one is the stand-in's).
 """
 
-from typing import Dict, List, Tuple
 
 import torch
 import torch_neuronx  # noqa: F401 - registers the runtime ops this module calls
 
 
 class NxDModel(torch.nn.Module):
-    neffs: Dict[str, torch.Tensor]
-    input_shape_map: Dict[str, Tuple[str, int]]
-    input_types: Dict[str, List[torch.Tensor]]
-    weight_names: Dict[str, List[str]]
-    aliased: Dict[str, List[int]]
-    state_names: List[str]
-    state_zeros: List[torch.Tensor]
+    neffs: dict[str, torch.Tensor]
+    input_shape_map: dict[str, tuple[str, int]]
+    input_types: dict[str, list[torch.Tensor]]
+    weight_names: dict[str, list[str]]
+    aliased: dict[str, list[int]]
+    state_names: list[str]
+    state_zeros: list[torch.Tensor]
     local_ranks: int
-    weights: List[Dict[str, torch.Tensor]]
-    state: List[Dict[str, torch.Tensor]]
-    cores: List[int]
+    weights: list[dict[str, torch.Tensor]]
+    state: list[dict[str, torch.Tensor]]
+    cores: list[int]
     loaded: bool
     initialized: bool
     mocked: bool
 
-    def __init__(self, neffs: Dict[str, torch.Tensor], input_shape_map: Dict[str, Tuple[str, int]],
-                 input_types: Dict[str, List[torch.Tensor]], weight_names: Dict[str, List[str]],
-                 aliased: Dict[str, List[int]], state_names: List[str], state_zeros: List[torch.Tensor],
-                 local_ranks: int):
+    def __init__(
+        self,
+        neffs: dict[str, torch.Tensor],
+        input_shape_map: dict[str, tuple[str, int]],
+        input_types: dict[str, list[torch.Tensor]],
+        weight_names: dict[str, list[str]],
+        aliased: dict[str, list[int]],
+        state_names: list[str],
+        state_zeros: list[torch.Tensor],
+        local_ranks: int,
+    ):
         super().__init__()
         self.neffs = neffs
         self.input_shape_map = input_shape_map
@@ -63,23 +69,28 @@ class NxDModel(torch.nn.Module):
         self.initialized = False
         self.mocked = False
 
-    def _fresh_state(self) -> List[Dict[str, torch.Tensor]]:
-        out: List[Dict[str, torch.Tensor]] = []
+    def _fresh_state(self) -> list[dict[str, torch.Tensor]]:
+        out: list[dict[str, torch.Tensor]] = []
         for _ in range(self.local_ranks):
-            rank: Dict[str, torch.Tensor] = {}
+            rank: dict[str, torch.Tensor] = {}
             for name, zero in zip(self.state_names, self.state_zeros):
                 rank[name] = zero.clone()
             out.append(rank)
         return out
 
     @torch.jit.export
-    def initialize(self, checkpoint: List[Dict[str, torch.Tensor]], start_rank_tensor: torch.Tensor):
+    def initialize(self, checkpoint: list[dict[str, torch.Tensor]], start_rank_tensor: torch.Tensor):
         if len(checkpoint) != self.local_ranks:
-            raise ValueError("initialize() got " + str(len(checkpoint)) + " rank checkpoints for a model of "
-                             + str(self.local_ranks) + " local ranks")
-        weights: List[Dict[str, torch.Tensor]] = []
+            raise ValueError(
+                "initialize() got "
+                + str(len(checkpoint))
+                + " rank checkpoints for a model of "
+                + str(self.local_ranks)
+                + " local ranks"
+            )
+        weights: list[dict[str, torch.Tensor]] = []
         for rank, ckpt in enumerate(checkpoint):
-            on_device: Dict[str, torch.Tensor] = {}
+            on_device: dict[str, torch.Tensor] = {}
             for names in self.weight_names.values():
                 for name in names:
                     if name not in ckpt:
@@ -95,41 +106,58 @@ class NxDModel(torch.nn.Module):
     @torch.jit.export
     def initialize_with_saved_weights(self, start_rank_tensor: torch.Tensor):
         if not self.loaded:
-            raise ValueError("initialize_with_saved_weights() before any initialize(): no weights on the device "
-                             "(not modelled)")
+            raise ValueError(
+                "initialize_with_saved_weights() before any initialize(): no weights on the device (not modelled)"
+            )
         self.cores = torch.ops.nxd_standin.place(self.local_ranks, start_rank_tensor)
         self.state = self._fresh_state()
         self.initialized = True
 
-    def router(self, inputs: List[torch.Tensor]) -> Tuple[str, int]:
+    def router(self, inputs: list[torch.Tensor]) -> tuple[str, int]:
         actual_shape = str([tensor.shape for tensor in inputs])
         if actual_shape not in self.input_shape_map:
-            raise ValueError("Input shape " + actual_shape + " not found in input_shape_map: "
-                             + str(list(self.input_shape_map.keys())))
+            raise ValueError(
+                "Input shape "
+                + actual_shape
+                + " not found in input_shape_map: "
+                + str(list(self.input_shape_map.keys()))
+            )
         return self.input_shape_map[actual_shape]
 
-    def forward(self, inputs: List[torch.Tensor]) -> List[torch.Tensor]:
+    def forward(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         model_name, bucket_idx = self.router(inputs)
         if self.mocked:
             return [torch.zeros(0)]
         if not self.initialized:
-            raise ValueError("This model is not initialized, please call traced_model.nxd_model.initialize("
-                             "sharded_checkpoint) or traced_model.nxd_model.initialize_with_saved_weights()")
+            raise ValueError(
+                "This model is not initialized, please call traced_model.nxd_model.initialize("
+                "sharded_checkpoint) or traced_model.nxd_model.initialize_with_saved_weights()"
+            )
         bucket = model_name + "_" + str(bucket_idx)
         compiled = self.input_types[bucket]
         for i in range(len(compiled)):
             if inputs[i].dtype != compiled[i].dtype:
-                raise ValueError("input " + str(i) + " of " + bucket + " has dtype " + str(inputs[i].dtype)
-                                 + ", compiled as dtype " + str(compiled[i].dtype) + " (torch ScalarType codes)")
-        flat_weights: List[torch.Tensor] = []
-        flat_states: List[torch.Tensor] = []
+                raise ValueError(
+                    "input "
+                    + str(i)
+                    + " of "
+                    + bucket
+                    + " has dtype "
+                    + str(inputs[i].dtype)
+                    + ", compiled as dtype "
+                    + str(compiled[i].dtype)
+                    + " (torch ScalarType codes)"
+                )
+        flat_weights: list[torch.Tensor] = []
+        flat_states: list[torch.Tensor] = []
         for rank in range(self.local_ranks):
             for name in self.weight_names[bucket]:
                 flat_weights.append(self.weights[rank][name])
             for name in self.state_names:
                 flat_states.append(self.state[rank][name])
-        return torch.ops.nxd_standin.spmd_run(self.neffs[bucket], inputs, flat_weights, flat_states,
-                                              self.local_ranks, self.aliased[bucket])
+        return torch.ops.nxd_standin.spmd_run(
+            self.neffs[bucket], inputs, flat_weights, flat_states, self.local_ranks, self.aliased[bucket]
+        )
 
 
 class NxDModelExecutor(torch.nn.Module):

@@ -80,5 +80,5 @@ def test_out_without_dry_run_is_refused_in_one_line(tmp_path):
 
 def test_templates_are_not_named_as_dockerfiles():
     """Linters and editors take *.Dockerfile for a Dockerfile; a template with @{placeholders} is not one."""
-    templates = sorted(p.name for p in (ROOT / "images").iterdir())
+    templates = sorted(p.name for p in (ROOT / "gemma4_port" / "images" / "templates").iterdir())
     assert templates and all(name.endswith(".template") for name in templates), templates

@@ -9,4 +9,4 @@ fi
 # The CPU build of torch: a bare `pip install torch` pulls the multi-GB CUDA build on Linux.
 TORCH_SPEC=${TORCH_SPEC:-torch==2.13.0}
 .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q "$TORCH_SPEC"
-.venv/bin/pip install -q -e '.[test]'
+.venv/bin/pip install -q -c constraints/test.txt -e '.[test]'

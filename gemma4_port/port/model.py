@@ -254,6 +254,43 @@ class Gemma4Decoder(nn.Module):
         """h_last (B, H) -> raw logits (B, V); no softcap on the device."""
         return self.lm_head(self.norm(h_last))
 
+    def forward(self, h, ple, rope, masks, caches, write, last=None):
+        """The layer loop both graphs run (as gpt-fast's one forward serves prefill and decode).
+        h (N, S, H) for N queries of S tokens; ple (N, S, L, P) raw, or None; rope {kind: (cos, sin)
+        (N, S, D)}; masks {kind: (N, 1, S, T)} additive; caches: the KV tensors the layers read
+        (N, KVH, T, D), K then V per cache; write(kind, cache, new) puts a layer's new K or V
+        (N, KVH, S, D) into its cache; last (N, S) one-hot of the token whose logits are wanted, or
+        None when S is 1. Returns raw logits (N, V) and the caches with this step's K/V in."""
+        if self.shard.ple_dim:
+            ple = self.project_ple(h, ple)
+        caches = list(caches)
+        for layer in self.layers:
+            s = layer.shard
+            if last is not None and s.index == self.shard.first_shared:
+                # kv-shared layers write no cache: only the last position feeds the logits.
+                h, ple, rope, masks = self.keep_last(last, h, ple, rope, masks)
+            cos, sin = rope[s.kind]
+            x = layer.input_layernorm(h)
+            q = layer.self_attn.query(x, cos, sin)
+            if s.owns_cache:
+                for i, new in zip((2 * s.cache, 2 * s.cache + 1), layer.self_attn.key_value(x, cos, sin)):
+                    caches[i] = write(s.kind, caches[i], new)
+            a = layer.self_attn.attend(q, caches[2 * s.cache], caches[2 * s.cache + 1], masks[s.kind])
+            h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.shard.ple_dim else None)
+        if last is not None and self.shard.first_shared == self.shard.num_layers:
+            h = torch.matmul(last.unsqueeze(1), h)  # (N, 1, H)
+        return self.logits(h[:, 0]), caches
+
+    def keep_last(self, last, h, ple, rope, masks):
+        """Every per-token input narrowed to the token `last` picks, by a one-hot product."""
+        pick = last.unsqueeze(1)  # (N, 1, S)
+        h = torch.matmul(pick, h)  # (N, 1, H)
+        if self.shard.ple_dim:
+            ple = torch.einsum("bs,bsld->bld", last, ple).unsqueeze(1)  # (N, 1, L, P)
+        rope = {k: (torch.matmul(pick, c), torch.matmul(pick, n)) for k, (c, n) in rope.items()}  # (N, 1, D)
+        masks = {k: torch.matmul(pick.unsqueeze(1), v) for k, v in masks.items()}  # (N, 1, 1, T)
+        return h, ple, rope, masks
+
     def prefill(self, h, ple, rope, rows, last, slot, kv):
         """A chunk of C prompt tokens at positions p .. p+C-1 of one slot whose positions before p
         already hold this request's KV (an earlier chunk, or a reused prefix). A prefill graph of T
@@ -270,8 +307,6 @@ class Gemma4Decoder(nn.Module):
         last (1, C) one-hot of the token whose logits are returned; slot (B,) one-hot;
         kv: 2 tensors per cache (B, KVH, S, D). Returns raw logits (1, V) and the new KV tensors.
         """
-        if self.shard.ple_dim:
-            ple = self.project_ple(h, ple)
         B = slot.shape[0]
         masks = {k: r[:, 0].unsqueeze(0).unsqueeze(0) for k, r in rows.items()}  # (1, 1, C, T)
         puts = {k: r[:, 1].transpose(0, 1) for k, r in rows.items()}  # (T, C): position <- chunk token
@@ -280,30 +315,15 @@ class Gemma4Decoder(nn.Module):
         read = self.leading(kv, rows)  # (B, KVH, T, D)
         # The slot's own buffers, selected by a one-hot product (exact: one 1.0 term, the rest 0.0).
         mine = [torch.matmul(pick_slot, t.reshape(B, -1)).view(1, *t.shape[1:]) for t in read]  # (1, KVH, T, D)
-        for layer in self.layers:
-            s = layer.shard
-            if s.index == self.shard.first_shared:
-                # kv-shared layers write no cache: only the last position feeds the logits.
-                pick = last.unsqueeze(1)  # (1, 1, C)
-                h = torch.matmul(pick, h)  # (1, 1, H)
-                if self.shard.ple_dim:
-                    ple = torch.einsum("bs,bsld->bld", last, ple).unsqueeze(1)  # (1, 1, L, P)
-                rope = {k: (torch.matmul(pick, c), torch.matmul(pick, n)) for k, (c, n) in rope.items()}  # (1, 1, D)
-                masks = {k: torch.matmul(pick.unsqueeze(1), v) for k, v in masks.items()}  # (1, 1, 1, S)
-            cos, sin = rope[s.kind]
-            x = layer.input_layernorm(h)
-            q = layer.self_attn.query(x, cos, sin)
-            if s.owns_cache:
-                for i, new in zip((2 * s.cache, 2 * s.cache + 1), layer.self_attn.key_value(x, cos, sin)):
-                    placed = torch.matmul(puts[s.kind], new)  # (1, KVH, S, D): each chunk token at its position
-                    mine[i] = torch.where(hits[s.kind], placed, mine[i])
-            a = layer.self_attn.attend(q, mine[2 * s.cache], mine[2 * s.cache + 1], masks[s.kind])
-            h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.shard.ple_dim else None)
-        if self.shard.first_shared == self.shard.num_layers:
-            h = torch.matmul(last.unsqueeze(1), h)  # (1, 1, H)
+
+        def write(kind, cache, new):
+            placed = torch.matmul(puts[kind], new)  # (1, KVH, T, D): each chunk token at its position
+            return torch.where(hits[kind], placed, cache)
+
+        logits, mine = self.forward(h, ple, rope, masks, mine, write, last)
         sel = slot.view(B, 1, 1, 1) > 0  # (B, 1, 1, 1)
         new_kv = [write_one_hot(old, new, sel) for old, new in zip(read, mine)]  # (B, KVH, T, D)
-        return self.logits(h[:, 0]), self.with_tail(new_kv, kv)
+        return logits, self.with_tail(new_kv, kv)
 
     def decode(self, h, ple, rope, rows, kv):
         """One token for every slot. A decode bucket of T keys: every busy slot's position is below T,
@@ -314,24 +334,15 @@ class Gemma4Decoder(nn.Module):
         rows {kind: (B, 2, T_kind)}: per slot an additive mask row, then the one-hot write of its
         position (all zero for an idle slot); kv as in prefill.
         """
-        if self.shard.ple_dim:
-            ple = self.project_ple(h, ple)
         B = h.shape[0]
         masks = {k: r[:, 0].view(B, 1, 1, -1) for k, r in rows.items()}  # (B, 1, 1, T)
         writes = {k: r[:, 1].view(B, 1, -1, 1) for k, r in rows.items()}  # (B, 1, T, 1)
-        read = self.leading(kv, rows)  # (B, KVH, T, D)
-        for layer in self.layers:
-            s = layer.shard
-            cos, sin = rope[s.kind]
-            x = layer.input_layernorm(h)
-            q = layer.self_attn.query(x, cos, sin)
-            if s.owns_cache:
-                k, v = layer.self_attn.key_value(x, cos, sin)  # (B, KVH, 1, D)
-                read[2 * s.cache] = write_one_hot(read[2 * s.cache], k, writes[s.kind])
-                read[2 * s.cache + 1] = write_one_hot(read[2 * s.cache + 1], v, writes[s.kind])
-            a = layer.self_attn.attend(q, read[2 * s.cache], read[2 * s.cache + 1], masks[s.kind])
-            h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.shard.ple_dim else None)
-        return self.logits(h[:, 0]), self.with_tail(read, kv)
+
+        def write(kind, cache, new):
+            return write_one_hot(cache, new, writes[kind])  # new (B, KVH, 1, D) at each slot's position
+
+        logits, read = self.forward(h, ple, rope, masks, self.leading(kv, rows), write)
+        return logits, self.with_tail(read, kv)
 
     def leading(self, kv, rows) -> list[torch.Tensor]:
         """The first T_kind positions of every KV tensor, T_kind the width of its kind's rows."""

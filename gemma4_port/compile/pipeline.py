@@ -1,7 +1,7 @@
-"""The compile pipeline: one start (checkpoint, sharding plan, geometry, host tables, an emptied
-artifact folder), a graph builder per backend, one finish (host tables, golden tokens from the float
-reference with its best logits per step, sha256 of every file, artifact.json, and the server's
-self-test on the saved artifact where the graphs can run here).
+"""The compile pipeline: one start (checkpoint, sharding plan, geometry, host tables, a fresh folder
+beside the artifact's), a graph builder per backend, one finish (host tables, golden tokens from the
+float reference with its best logits per step, sha256 of every file, artifact.json, the server's
+self-test on the saved artifact where the graphs can run here, and the swap into place: outdir.py).
 
 A builder (cpu, cpu tp, neuron) plugs in through `GraphBuilder`: it checks what it needs before any
 work, then writes its graphs into the folder and names them."""
@@ -31,6 +31,7 @@ from contract.artifact import (
 )
 from contract.logit_error import golden_steps
 from contract.tokenizer import load_tokenizer
+from gemma4_port.compile.outdir import check_out, partial_folder, swap_in
 from gemma4_port.compile.tracing import CompileError, TableBlobs, geometry, host_tables
 from gemma4_port.port.sharding import ModelShard, shard_model
 from gemma4_port.source.checkpoint import CheckpointReader, read_text_config, resolve_checkpoint
@@ -61,7 +62,8 @@ class Build:
 
     manifest: Manifest
     variant: Variant
-    out: Path | None  # None: a build looked at, with nothing written (the tests')
+    out: Path | None  # the folder written into (None: a build looked at, with nothing written: the tests')
+    dest: Path | None  # where the finished artifact goes (out is its sibling until then)
     ckpt: Path
     config: object  # Gemma4TextConfig
     reader: CheckpointReader
@@ -83,12 +85,21 @@ class GraphBuilder(Protocol):
 def run_pipeline(builder: GraphBuilder, manifest: Manifest, variant: Variant, out: Path, progress=None) -> Path:
     versions = builder.check()
     b = start_build(manifest, variant, out, progress)
-    return finish(b, builder.graphs(b, progress), builder.backend, progress, versions)
+    try:
+        return finish(b, builder.graphs(b, progress), builder.backend, progress, versions)
+    except BaseException:
+        # A finished artifact that failed its self-test stays for `build.py verify` (the error names
+        # it; the next compile to this --out removes it); anything less is removed now.
+        if not (b.out / "artifact.json").exists():
+            shutil.rmtree(b.out, ignore_errors=True)
+        raise
 
 
 def start_build(manifest: Manifest, variant: Variant, out: Path | None = None, progress=None) -> Build:
     """The checkpoint, the sharding plan (made once: a plan that cannot hold fails before any work),
-    the geometry and host tables, and an emptied artifact folder (unless `out` is None)."""
+    the geometry and host tables, and a fresh folder to write the artifact into (unless `out` is None)."""
+    if out is not None:
+        check_out(out)  # before the checkpoint, which may be a download
     torch.set_grad_enabled(False)
     with step(progress, "checkpoint"):
         ckpt = resolve_checkpoint(manifest)
@@ -96,19 +107,18 @@ def start_build(manifest: Manifest, variant: Variant, out: Path | None = None, p
         reader = CheckpointReader(ckpt)
     shards = [shard_model(config, variant.tp, r) for r in range(variant.tp)]
     geo = geometry(config, shards[0], variant)  # every rank has the same per-rank shapes and inputs
-    if out is not None:
-        _prepare(out, ckpt)
-    return Build(manifest, variant, out, ckpt, config, reader, shards, geo, host_tables(reader, geo))
+    tmp = _prepare(out, ckpt) if out is not None else None
+    return Build(manifest, variant, tmp, out, ckpt, config, reader, shards, geo, host_tables(reader, geo))
 
 
-def _prepare(out: Path, ckpt: Path) -> None:
-    if out.exists():
-        shutil.rmtree(out)
-    (out / "graphs").mkdir(parents=True)
+def _prepare(dest: Path, ckpt: Path) -> Path:
+    out = partial_folder(dest)
+    (out / "graphs").mkdir()
     (out / "host").mkdir()
     tok = load_tokenizer(ckpt)
     tok.save_pretrained(out / "tokenizer")
     shutil.copy(ckpt / "config.json", out / "config.json")
+    return out
 
 
 def golden_prompts(tokenizer, max_len: int) -> list[tuple[str, list[int]]]:
@@ -206,4 +216,5 @@ def finish(b: Build, graphs: dict[str, str], backend: str, progress, extra_versi
     if backend == "cpu" or Path("/dev/neuron0").exists():
         with step(progress, "the server's self-test on the saved artifact"):
             self_test_here(out)
-    return out
+    swap_in(out, b.dest)
+    return b.dest

@@ -248,3 +248,13 @@ def test_turn_end_stops_a_reply_and_special_tokens_stay_out_of_content(client, e
         "content"
     ]
     assert clean == "" and kept == "<|image|>" * 5
+
+
+def test_an_agent_library_sized_prompt_fits(client):
+    """Agent libraries bring long prompts of their own (pydantic-ai's prompted output ~650 tokens,
+    instructor's JSON modes ~500): the chat artifact's context holds them."""
+    schema_talk = " ".join(f"field_{i} must be a string," for i in range(48))
+    messages = [{"role": "system", "content": f"Answer with JSON. {schema_talk}"}, ASK]
+    resp = client.post(CHAT, json={"model": MODEL, "messages": messages, "max_tokens": 2, "temperature": 0})
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    assert resp.get_json()["usage"]["prompt_tokens"] >= 700

@@ -1,7 +1,8 @@
 """The Neuron SDK stand-in behaves as the SDK's source says (tests/support/neuron_sdk), on a toy
 two-rank model: the traced executor's fixed arity, routing by input shapes, the uninitialised
 refusal, per-rank state that the bucket updates in place and a reset replaces, one output packer
-for every key, the sharded checkpoint files, the compiler flags ModelBuilder adds, and a save/load in a fresh process."""
+for every key, the sharded checkpoint files, the compiler flags ModelBuilder adds, a save/load in a
+fresh process, and the platform detection NxD runs while it traces."""
 
 import pytest
 
@@ -113,7 +114,7 @@ report(seen)
 @pytest.fixture(scope="module")
 def toy(tmp_path_factory):
     out = tmp_path_factory.mktemp("toy")
-    built = run_python(BUILD, out)
+    built = run_python(BUILD, out, NEURON_PLATFORM_TARGET_OVERRIDE="trn1")  # a CPU host: no device to ask
     return built, run_python(PROBE, out), out
 
 
@@ -175,3 +176,38 @@ except Exception as exc:
 """
     assert run_python(code, out, NEURON_RT_VISIBLE_CORES="0-1") == [0, 1]
     assert "process sees 1 NeuronCore(s) [1]" in run_python(code, out, NEURON_RT_VISIBLE_CORES="1")
+
+
+PLATFORM = r"""
+import torch
+from neuronx_distributed.parallel_layers import parallel_state
+from neuronx_distributed.trace.model_builder import ModelBuilder, BaseModelInstance
+
+class Plain(torch.nn.Module):
+    def forward(self, x):
+        return (x + 1,)
+
+builder = ModelBuilder(None, 1, dict, compiler_workdir=sys.argv[1])
+builder.add("decode", BaseModelInstance(Plain, {}), [(torch.ones(2),)], "--target inf2")
+try:
+    builder.trace(initialize_model_weights=False)
+except RuntimeError as exc:
+    report({"error": str(exc)})
+else:
+    report({"hardware": parallel_state._HARDWARE_TYPE.name,
+            "target": open(sys.argv[1] + "/decode/_tp0_bk0/platform_target.txt").read().strip()})
+"""
+
+
+def test_without_a_device_the_trace_needs_the_platform_override_whatever_the_target_flag(tmp_path):
+    # parallel_state.py:558-560 asks the platform with no flags: --target inf2 does not reach it.
+    seen = run_python(PLATFORM, tmp_path / "none")
+    assert "please supply compiler argument target" in seen["error"]
+
+
+@pytest.mark.parametrize(("override", "member"), [("trn1", "TRN1"), ("inf2", "CUSTOM")])
+def test_the_override_resolves_as_nxds_hardware_enum_does(tmp_path, override, member):
+    # utils/utils.py:6-27: CUSTOM takes the override's value, so "inf2" is CUSTOM and "trn1" is TRN1;
+    # the compiler still gets the graph's own --target (model_builder.py:608).
+    seen = run_python(PLATFORM, tmp_path / override, NEURON_PLATFORM_TARGET_OVERRIDE=override)
+    assert seen == {"hardware": member, "target": "inf2"}

@@ -5,9 +5,10 @@ buckets and the decode buckets are keys of one model (decode alone when the pref
 host; a weightless `copy` key for forks beside them at batch > 1), so each core holds one copy of
 its rank's weights for all of them, and the KV buffers are module state aliased to the outputs that
 update them (DeviceKV), so the cache never leaves the device. ModelBuilder traces rank 0 under a
-mocked distributed setup (no NeuronCore, no process group: it runs inside `docker build`), lowers
-the weights as inputs, and shards the checkpoint into one file per rank; at tp 2 the sharding
-plan's split linears become NxD parallel layers (nxd_plan).
+mocked distributed setup (no process group: it runs inside `docker build`; with no NeuronCore the
+platform is pinned to Inferentia2 first, compile/platform.py), lowers the weights as inputs, and
+shards the checkpoint into one file per rank; at tp 2 the sharding plan's split linears become NxD
+parallel layers (nxd_plan).
 
 The pure pieces are tested on the CPU, the SDK calls against a stand-in built from the SDK's source
 (tests/support/neuron_sdk). The SDK is imported lazily, after `load_sdk` has named any missing
@@ -33,6 +34,7 @@ from contract.hostside import HostInputs
 from contract.layout import HOST_KV, NXD_MODEL, NeuronLayout, neuron_layout, signature
 from contract.versions import installed_versions, pin_problems, require
 from gemma4_port.compile.pipeline import Build, step
+from gemma4_port.compile.platform import pin_platform
 from gemma4_port.compile.tracing import CompileError, example_inputs, geometry, trace_quietly
 from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph
 from gemma4_port.port.lint import check_traced
@@ -342,6 +344,7 @@ class NeuronGraphs:
         # ModelBuilder compiles through neuron_xla_compile with its persistent cache, keyed by the HLO
         # and the flags: an unchanged graph is not compiled twice.
         os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(cache_root() / "neuron-compile-cache"))
+        pin_platform()  # before the SDK's first import: NxD reads the platform override once, then
         return load_sdk(self.manifest.toolchain)  # before any work: a missing SDK fails at once
 
     def graphs(self, start: Build, progress) -> dict[str, str]:

@@ -4,15 +4,18 @@ that shares its weights and its aliased state, then sharded per rank.
 Modelled on src/neuronx_distributed/trace/model_builder.py at tag v2.28.0:
 - add(): compiler_args go through append_default_compiler_flags (defaults when empty; `--auto-cast=none`
   added when no --auto-cast is given, a warning when another value is; -O1 when no -O level).
-- trace(initialize_model_weights=True): under mock_distributed, rank 0 of tp_degree
-  (parallel_state initialised, no live process group), each key's instance is load_module()d once
-  and get(bucket_rank) per bucket gives (module, {state parameter: output index}); the module is
-  lowered with its non-aliased parameters as weight inputs (generate_hlo inline_weights_to_neff=False)
-  and its aliased parameters as state. build_nxd_model(): input_shape_map maps
-  str([list(shape) ...]) of every key's every example to (key, bucket); the state initializer comes
-  from the first key; the executor is torch.jit.trace'd with `example_inputs[0]` of the key added
-  last; one output packer for every key, traced from the first key's first bucket's outputs that no
-  state aliases (build_packer): a bucket with another number of them is not modelled (raises). With initialize_model_weights it shards into compiler_workdir and initialises the model.
+- trace(initialize_model_weights=True): under mock_distributed, rank 0 of tp_degree (parallel_state
+  initialised, no live process group; its platform detection raises on a host without a device
+  unless NEURON_PLATFORM_TARGET_OVERRIDE is set, parallel_state.py here), each key's instance is
+  load_module()d once and get(bucket_rank) per bucket gives (module, {state parameter: output
+  index}); the module is lowered with its non-aliased parameters as weight inputs (generate_hlo
+  inline_weights_to_neff=False) and its aliased parameters as state. build_nxd_model():
+  input_shape_map maps str([list(shape) ...]) of every key's every example to (key, bucket); the
+  state initializer comes from the first key; the executor is torch.jit.trace'd with
+  `example_inputs[0]` of the key added last; one output packer for every key, traced from the first
+  key's first bucket's outputs that no state aliases (build_packer): a bucket with another number of
+  them is not modelled (raises). With initialize_model_weights it shards into compiler_workdir and
+  initialises the model.
 - shard_checkpoint(serialize_path): the first key's instance, checkpoint_loader(), keys absent from
   the module's state_dict dropped (trace.py preprocess_checkpoint), tensors cast to the parameter
   dtype (cast_weights), each tensor-parallel parameter cut to chunk `rank` of its partition_dim
@@ -32,6 +35,7 @@ from contextlib import contextmanager
 import torch
 import torch_neuronx._runtime as runtime
 from safetensors.torch import save_file
+from torch_neuronx.utils.utils import get_platform_target
 
 from ..parallel_layers import parallel_state
 from .spmd import NxDModel, NxDModelExecutor
@@ -215,11 +219,15 @@ class ModelBuilder:
         return executor
 
     def _record(self, key, bucket, flags):
-        """The compiler flags each graph would be compiled with, where ModelBuilder keeps its work."""
+        """The compiler flags each graph would be compiled with, where ModelBuilder keeps its work, and
+        the platform it compiles for: get_platform_target(flags) (model_builder.py:608), which reads a
+        `--target` in the flags before it asks the machine."""
         folder = os.path.join(self.compiler_workdir, key, f"_tp0_bk{bucket}")
         os.makedirs(folder, exist_ok=True)
         with open(os.path.join(folder, "compiler_flags.txt"), "w") as f:
             f.write(flags.strip() + "\n")
+        with open(os.path.join(folder, "platform_target.txt"), "w") as f:
+            f.write(get_platform_target(flags) + "\n")
 
     def shard_checkpoint(self, serialize_path=None):
         if serialize_path is not None:

@@ -21,7 +21,6 @@ in the source; callers take element 0). Input dtypes must be the compiled ones (
 have fixed types; the real error is not in the source, so this one is the stand-in's).
 """
 
-
 import torch
 import torch_neuronx  # noqa: F401 - registers the runtime ops this module calls
 

@@ -34,7 +34,7 @@ def _verify(args) -> int:
 
 
 def _plan(args) -> int:
-    from gemma4_port.ops.capacity import plan_main
+    from gemma4_port.ops.plan import plan_main
 
     return plan_main(args)
 

@@ -6,49 +6,82 @@ device, "E4B" 4.6B). Every variant is one NxD ModelBuilder model (runtime/model/
 holds one copy of its rank's weights, shared by every prefill and decode bucket, its KV state, and
 the working set of the largest graph, a prefill chunk over kv_max keys (its float32 attention
 scores and its mask-and-write rows).
-Host RAM: the slim server keeps the word and PLE tables (and the whole model's prefill when the
-prefill runs on the host); the one-time load reads every rank's weight file through host memory;
-the compile is an estimate (see COMPILER_RAM_PER_WEIGHT).
+
+A core's memory is counted in the categories neuron-monitor reports per NeuronCore (aws-neuron-sdk
+v2.28.0 tools/neuron-sys-tools/neuron-monitor-user-guide.rst:534-560, 617-625; their meaning in
+neuron-runtime/explore/device-memory.rst:19-27), each with where its figure comes from (DEVICE_MEMORY):
+what the graph fixes is counted, what the runtime and the compiler decide is a floor or "unknown until
+measured" (doctor samples neuron-monitor for the real figures). A verdict is given only where the
+counted part decides it: a variant whose counted bytes overflow does not fit; one whose counted bytes
+fit has the rest of the core left for what is unknown, and the table says how much.
+
+Host RAM, in the same spirit (HostRam): the slim server keeps the word and PLE tables (and the whole
+model's prefill when the prefill runs on the host); the first load reads every rank's weight file
+through host memory; the compile holds each key's rank module and the whole checkpoint while it
+shards, which is counted, while neuronx-cc's own working set per graph is unknown until measured:
+ModelBuilder lowers the weights as graph inputs (inline_weights_to_neff=False,
+neuronx-distributed v2.28.0 trace/model_builder.py:891), so no per-weight factor calibrated on graphs
+with inlined weights applies to it.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 
 import torch
-from rich.console import Console
-from rich.table import Table
 
 from contract.dtypes import DTYPES
 from contract.layout import NeuronLayout, neuron_layout
-from gemma4_port.console import console as build_console
 from gemma4_port.port.lint import SBUF_PARTITION_BYTES
 from gemma4_port.port.model import Gemma4Decoder, kinds_present, kv_shapes, ring_size
-from gemma4_port.port.sharding import ShardingError, shard_model, shard_table
+from gemma4_port.port.sharding import ShardingError, shard_model
 from gemma4_port.source.configs import text_config_for
-from gemma4_port.source.manifest import Manifest, Variant, load_manifest
+from gemma4_port.source.manifest import Manifest, Variant
 
 GIB = 2**30
+MIB = 2**20
 CORE_GIB = 16  # HBM per NeuronCore-v2: 32 GiB per Inferentia2 chip, two cores
-# Python, torch, the Neuron SDK and a 262k-vocab tokenizer; python + torch + transformers alone
-# measure 0.25 GiB on the development machine, the rest is an allowance.
+# Python, torch and a 262k-vocab tokenizer measure 0.25 GiB on the development machine; the Neuron
+# SDK's own import is unknown until measured: an allowance, not a measurement.
 PROCESS_BYTES = 1 * GIB
-# neuronx-cc host RAM per byte of weights of each graph it compiles at once (lowering, the HLO and
-# the compiler's working set). Calibrated on the seed's one data point: the 12B TP=2 build peaks
-# above 128 GB and needs >= 55 GB of swap. An estimate: it only says which box and how much swap.
-COMPILER_RAM_PER_WEIGHT = 4.5
+# The runtime's micro-code overhead per physical NeuronCore, counted under model code
+# (device-memory.rst:22: "96MB per physical Neuron Core"); each neff's own instructions come on top.
+MODEL_CODE_FLOOR = 96 * MIB
+# The runtime allocates the shared scratchpad in pages, 512 MB by default (device-memory.rst:157-160).
+SCRATCHPAD_PAGE = 512 * MIB
+UNKNOWN = "unknown until measured"
+# neuron-monitor's per-core categories and the source of each figure here.
+DEVICE_MEMORY = {
+    "tensors": "counted: the rank's weights (ModelBuilder passes them as inputs, not constants: "
+    "model_builder.py:891), the KV state and the graphs' inputs",
+    "constants": "counted as 0: no weight is inlined; the graph's traced buffers (layer_scalar) are bytes",
+    "model_code": f"floor {MODEL_CODE_FLOOR // MIB} MiB of runtime micro-code (device-memory.rst:22); "
+    f"the neffs' instructions: {UNKNOWN}",
+    "model_shared_scratchpad": "estimate: the largest graph's working set (one layer's float32 scores and the "
+    "rows input) in 512 MiB pages; the compiler fixes the real size in each neff (device-memory.rst:143-152)",
+    "runtime_memory": f"{UNKNOWN} (with the DMA rings and collectives buffers, device-memory.rst:19-27)",
+}
 
 
 @dataclass(frozen=True)
 class Instance:
     name: str
     host_gib: int
+    vcpus: int
 
 
-INSTANCES = (Instance("inf2.xlarge", 16), Instance("inf2.8xlarge", 128))  # the same chip, 2 NeuronCores
+# The same chip, 2 NeuronCores; a host apart (aws-neuron-sdk about-neuron/arch/neuron-hardware/inf2-arch.rst).
+INSTANCES = (Instance("inf2.xlarge", 16, 4), Instance("inf2.8xlarge", 128, 32))
 BUILD_HOST = INSTANCES[1]
+POD_LIMIT_GIB = 13  # deploy/k8s/deployment.yaml's memory limit for the server on an inf2.xlarge
+
+
+def compile_threads(inst: Instance) -> int:
+    """neuronx-cc runs ModelBuilder starts at once: a ThreadPoolExecutor() with its default workers
+    (model_builder.py:710), min(32, cpus + 4) in Python 3.8+."""
+    return min(32, inst.vcpus + 4)
 
 
 class ModelSizes:
@@ -56,14 +89,12 @@ class ModelSizes:
 
     def __init__(self, config):
         self.config = config
+        # Memoised per instance (a method-level cache would keep every instance alive).
+        self.shard = cache(partial(shard_model, config))
+        self.weights = cache(self._weights)
 
-    @cache
-    def shard(self, tp: int, rank: int):
-        return shard_model(self.config, tp, rank)
-
-    @cache
-    def weights(self, tp: int, rank: int) -> int:
-        """Every parameter and buffer of the rank's device graph: what a neff holds as constants."""
+    def _weights(self, tp: int, rank: int) -> int:
+        """Every parameter and buffer of the rank's device graph: the weights its neffs take as inputs."""
         with torch.device("meta"):
             decoder = Gemma4Decoder(self.shard(tp, rank))
         return sum(t.numel() for t in (*decoder.parameters(), *decoder.buffers()))
@@ -118,7 +149,19 @@ class Footprint:
 
     @property
     def per_core(self) -> int:
+        """The bytes the graphs fix: tensors (weights, KV) and the largest graph's working set."""
         return self.rank_weights + self.rank_kv + self.rank_transient
+
+    @property
+    def scratchpad(self) -> int:
+        """The largest graph's working set as the runtime reserves it: in whole scratchpad pages."""
+        return math.ceil(self.rank_transient / SCRATCHPAD_PAGE) * SCRATCHPAD_PAGE
+
+    @property
+    def counted_core(self) -> int:
+        """Every per-core category with a figure: tensors, the scratchpad pages and the model-code floor
+        (DEVICE_MEMORY); runtime memory and the neffs' instructions come on top, unknown until measured."""
+        return self.rank_weights + self.rank_kv + self.scratchpad + MODEL_CODE_FLOOR
 
     @property
     def host_prefill(self) -> int:
@@ -131,17 +174,22 @@ class Footprint:
 
     @property
     def load_peak(self) -> int:
-        """Every rank's weight file is read into host memory before initialize() copies it to its core."""
+        """Every rank's weight file is read into host memory before initialize() copies it to its core;
+        the neffs (graphs/nxd_model.pt, its size known after the compile) come on top."""
         return self.serve + self.layout.tp * self.rank_weights
 
     @property
-    def compile_peak(self) -> int:
-        jobs = self.layout.compile_jobs * self.rank_weights
-        return PROCESS_BYTES + self.whole_weights + int(COMPILER_RAM_PER_WEIGHT * jobs)
+    def compile_floor(self) -> int:
+        """What the compile holds for certain: each weighted key's rank module, which ModelBuilder keeps
+        from trace to shard_checkpoint (the weightless copy key is built on the meta device), then the
+        whole checkpoint and one rank's cut of it while it shards. neuronx-cc's own RAM per graph, times
+        compile_threads at once, comes on top: unknown until measured."""
+        weighted = sum(1 for key in self.layout.keys if key != "copy")
+        return PROCESS_BYTES + weighted * self.rank_weights + self.whole_weights + self.rank_weights
 
     @property
     def fits_core(self) -> bool:
-        return self.per_core <= CORE_GIB * GIB
+        return self.counted_core <= CORE_GIB * GIB
 
 
 def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
@@ -166,17 +214,22 @@ def swap_gib(need: int, host_gib: int) -> int:
 
 
 def host_verdict(fp: Footprint, inst: Instance) -> str:
+    """From the counted bytes only: "no" when they overflow, the swap they need at least, else "yes"
+    (the SDK's import and the neffs' bytes on top are unknown until measured: see the left column)."""
     if not fp.fits_core:
         return "no (core)"
     if fp.serve > inst.host_gib * GIB:
         return "no (host RAM)"
     swap = swap_gib(fp.load_peak, inst.host_gib)
-    return f"yes, {swap} GiB swap" if swap else "yes"
+    return f"yes, >= {swap} GiB swap" if swap else "yes"
 
 
-def compile_swap_gib(manifest: Manifest, variant: Variant, host_gib: int = BUILD_HOST.host_gib) -> int:
-    """Swap (GiB) the Neuron compile of `variant` needs on a build host with `host_gib` of RAM."""
-    return swap_gib(footprint(ModelSizes(text_config_for(manifest)), variant).compile_peak, host_gib)
+def compile_swap_gib(manifest: Manifest, variant: Variant, host_gib: int = BUILD_HOST.host_gib) -> int | None:
+    """The swap (GiB) the Neuron compile of `variant` needs at least on a build host with `host_gib` of
+    RAM, when its counted floor already overflows; None when it does not: the rest (neuronx-cc per
+    graph) is unknown until measured, so no "no swap" verdict is founded."""
+    swap = swap_gib(footprint(ModelSizes(text_config_for(manifest)), variant).compile_floor, host_gib)
+    return swap or None
 
 
 def at_kv_max(sizes: ModelSizes, variant: Variant, kv_max: int) -> Footprint:
@@ -235,7 +288,7 @@ def fixes(sizes: ModelSizes, fp: Footprint) -> list[str]:
         except ShardingError:
             continue
         if other.fits_core:
-            out.append(f"{text} -> {gib(other.per_core)} GiB per core")
+            out.append(f"{text} -> {gib(other.counted_core)} GiB per core")
     kv_max = largest_kv_max(sizes, fp)
     if kv_max:
         buckets = f", key_buckets ending at {kv_max}" if v.key_buckets else ""
@@ -245,105 +298,3 @@ def fixes(sizes: ModelSizes, fp: Footprint) -> list[str]:
 
 def gib(n: int) -> str:
     return f"{n / GIB:.2f}"
-
-
-SHORT = {"float32": "fp32", "bfloat16": "bf16"}
-
-
-def describe(layout: NeuronLayout) -> str:
-    copies = len(layout.keys.get("copy", ()))
-    n = len(layout.device_graphs) - copies
-    return (f"{n} decode (host prefill)" if layout.host_prefill else f"{n} graphs") + (
-        f" + {copies} copy" if copies else ""
-    )
-
-
-def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> None:
-    core = Table(title=f"{manifest.name}: per NeuronCore ({CORE_GIB} GiB), GiB")
-    for col in (
-        "variant",
-        "tp",
-        "dtype",
-        "batch x kv_max",
-        "ring",
-        "graphs",
-        "weights",
-        "KV",
-        "chunk",
-        "kv_max up to",
-        "per core",
-        "fits",
-    ):
-        core.add_column(col)
-    for fp in fps:
-        v = fp.variant
-        core.add_row(
-            v.name,
-            str(v.tp),
-            SHORT[v.dtype],
-            f"{v.batch} x {v.kv_max}",
-            str(sizes.ring(v)),
-            describe(fp.layout),
-            gib(fp.rank_weights),
-            gib(fp.rank_kv),
-            gib(fp.rank_transient),
-            kv_max_limit(sizes, fp),
-            f"{gib(fp.per_core)} ({100 * fp.per_core / (CORE_GIB * GIB):.0f}%)",
-            "yes" if fp.fits_core else "[bold red]NO[/]",
-        )
-    console.print(core)
-    host = Table(title=f"{manifest.name}: host RAM, GiB")
-    for col in ("variant", "serve", "first load", "compile (est.)", *(f"{i.name}" for i in INSTANCES), "build swap"):
-        host.add_column(col)
-    for fp in fps:
-        host.add_row(
-            fp.variant.name,
-            gib(fp.serve),
-            gib(fp.load_peak),
-            gib(fp.compile_peak),
-            *(host_verdict(fp, i) for i in INSTANCES),
-            str(swap_gib(fp.compile_peak, BUILD_HOST.host_gib)),
-        )
-    console.print(host)
-    for fp in fps:
-        if not fp.fits_core:
-            options = fixes(sizes, fp) or ["none of bf16, tp 2, host prefill or a smaller kv_max is enough"]
-            console.print(f"[bold]{fp.variant.name}[/] does not fit a NeuronCore; fixes: " + "; ".join(options))
-    m = sizes.shard(1, 0)
-    whole, lm_head = sizes.weights(1, 0), m.vocab * m.hidden
-    console.print(
-        "graphs: one NxD ModelBuilder model per variant, its prefill and decode buckets sharing one copy of each "
-        "rank's weights per core; with host prefill the model is decode alone and the prompt is prefilled on the "
-        "host CPU; at batch > 1, + a fork's copy per key bucket (no weights).\n"
-        "Counted on a core: every parameter and buffer of the rank's device graph (Gemma4Decoder of the "
-        "sharding plan, built on the meta device): the decoder layers, lm_head (the tied embedding, copied "
-        f"to the device), the PLE projection; plus the KV buffers: kv_max positions for a global layer, a ring "
-        "of the window plus the largest bucket for a sliding one; plus chunk, the largest graph's working set: "
-        "the float32 attention scores of one layer (query heads x the largest bucket x kv_max keys, the ring's "
-        "for a sliding layer) and its mask-and-write rows (largest bucket x 2 x keys per attention kind; with "
-        "host prefill, decode's: batch queries). kv_max up to: the smallest of what the core's memory holds "
-        f"beside the weights (HBM), the lint's bound of {SOFTMAX_KEYS} keys (a float32 softmax row in one SBUF "
-        "partition) and the model's context (max_position_embeddings). The whole model is "
-        f"{whole / 1e9:.2f}B "
-        f"elements = {gib(4 * whole)} GiB fp32, {gib(2 * whole)} GiB bf16; at tp 2 a core holds more than "
-        f"half, as lm_head ({gib(2 * lm_head)} GiB bf16), norms and replicated K/V sit on both cores. Not "
-        "counted: other activations (the chunk's hidden states, the probabilities the compiler may keep "
-        "beside the scores), neff instructions, runtime scratch (keep headroom).\n"
-        f"Host: serve = process ({gib(PROCESS_BYTES)}) + word and PLE tables ({sizes.host_tables() / 1e9:.2f}B "
-        "elements) + the rotary rows of every position up to kv_max + the host prefill (the whole model, once); first load = serve + every rank's weight "
-        f"file on its way to the cores (a swap file covers it); compile = an estimate calibrated on the seed's "
-        f"12B TP=2 build; build swap = what it needs on {BUILD_HOST.name} ({BUILD_HOST.host_gib} GiB)."
-    )
-
-
-def plan_main(args) -> int:
-    manifest = load_manifest(args.manifest)
-    variants = [manifest.variant(args.variant)] if args.variant else list(manifest.variants)
-    config = text_config_for(manifest)
-    sizes = ModelSizes(config)
-    console = build_console()
-    render(console, manifest, sizes, [footprint(sizes, v) for v in variants])
-    if args.shards:
-        for tp in sorted({v.tp for v in variants}):
-            console.print(shard_table(config, tp))
-    return 0

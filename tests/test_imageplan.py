@@ -102,7 +102,10 @@ def test_env_is_baked_from_the_manifest():
 
 def test_tags_select_images_and_bring_their_base():
     m = manifest("gemma-4-e2b")
-    kinds = lambda only: [s.kind for s in plan_images(m, ImageOptions(flavour="neuron", only=only))]
+
+    def kinds(only):
+        return [s.kind for s in plan_images(m, ImageOptions(flavour="neuron", only=only))]
+
     assert kinds(("tp2-slim",)) == ["base", "tp2-slim"]
     assert kinds(("latest",)) == ["base"]
     assert kinds(()) == ["base", "slim", "tp2-slim"]
@@ -146,7 +149,9 @@ def test_dry_run_prints_neuron_dockerfiles_without_a_daemon():
     )
     assert run.returncode == 0, run.stderr
     assert "FROM ubuntu:22.04 AS toolchain" in run.stdout and "aws-neuronx-runtime-lib" in run.stdout
-    assert '"neuronx-cc==2.23.6484.0" "torch-neuronx==2.8.0.2.12.22436" "neuronx-distributed==0.17.26814"' in run.stdout
+    assert 'NEURONX_CC="2.23.6484.0"' in run.stdout and 'TORCH_NEURONX="2.8.0.2.12.22436"' in run.stdout
+    assert 'NEURONX_DISTRIBUTED="0.17.26814"' in run.stdout
+    assert '"neuronx-cc==${NEURONX_CC}" "torch-neuronx==${TORCH_NEURONX}"' in run.stdout
     assert "--mount=type=secret,id=hf_token" in run.stdout
     assert 'NEURON_RT_VISIBLE_CORES="0,1"' in run.stdout and '"runtime.serve"' in run.stdout
 
@@ -177,3 +182,86 @@ def test_kubernetes_manifests_fit_the_slim_image():
     assert docs["Service"]["spec"]["selector"] == pod["metadata"]["labels"]
     target = docs["HorizontalPodAutoscaler"]["spec"]["scaleTargetRef"]
     assert (target["kind"], target["name"]) == ("Deployment", docs["Deployment"]["metadata"]["name"])
+
+
+def instructions(dockerfile: str) -> list[tuple[str, str]]:
+    """(keyword, the rest) per instruction, continuation lines joined, comments dropped."""
+    out, pending = [], ""
+    for line in dockerfile.splitlines():
+        if not pending and (not line.strip() or line.lstrip().startswith("#")):
+            continue
+        pending += line.removesuffix("\\") + " "
+        if not line.endswith("\\"):
+            keyword, _, rest = pending.strip().partition(" ")
+            out.append((keyword.upper(), rest))
+            pending = ""
+    return out
+
+
+def shell_text(dockerfile: str) -> list[str]:
+    """What a shell parses: every RUN in shell form (an exec-form RUN, a JSON array, runs no shell)."""
+    texts = []
+    for keyword, rest in instructions(dockerfile):
+        if keyword != "RUN":
+            continue
+        while rest.startswith("--"):  # --mount=... and the like
+            rest = rest.split(" ", 1)[1].lstrip()
+        if not rest.startswith("["):
+            texts.append(rest)
+    return texts
+
+
+def sentinel_manifest():
+    """A manifest whose every string that reaches a Dockerfile is one no template or default holds."""
+    import yaml
+
+    from gemma4_port.source.manifest import parse_manifest
+
+    data = yaml.safe_load((MANIFESTS / "gemma-4-e2b.yaml").read_text())
+    data["name"] = "sentinel-name"
+    data["model"] = {"source": "sentinel-owner/sentinel-model", "revision": "sentinel/rev"}
+    data["toolchain"].update(
+        torch_neuronx="7.71.7.7.71.7171",
+        neuronx_cc="7.72.7272.7",
+        neuronx_distributed="0.73.7373",
+        neuron_runtime="7.74.7474.7",
+        neuron_collectives="7.75.7575.7",
+        neuron_tools="7.76.7676.7",
+        transformers="7.77.7777",
+    )
+    for v in data["variants"]:
+        v["name"] = f"sentinel-{v['name']}"
+    data["images"] = {"repository": "sentinel-repo/x", "variant": "sentinel-512-128", "tags": data["images"]["tags"]}
+    return parse_manifest(data, "sentinel.yaml")
+
+
+def test_no_manifest_string_is_ever_shell_text():
+    """A revision like `main$(id>PWNED)` once ran in the shell of the RUN that mounts the hub token:
+    the manifest's values now reach a RUN only as build arguments or exec-form arguments."""
+    m = sentinel_manifest()
+    sentinels = ["sentinel", "7.7", "0.73.7373", "7.71"]
+    for options in (ImageOptions(flavour="neuron"), ImageOptions(flavour="neuron", weights="copy")):
+        rendered = {s.kind: render_dockerfile(s) for s in plan_images(m, options)}
+        base = rendered["base"]
+        assert 'MODEL_REVISION="sentinel/rev"' in base or options.weights == "copy"
+        assert 'TRANSFORMERS="7.77.7777"' in base and '"transformers==${TRANSFORMERS}"' in base
+        assert '"--variant", "sentinel-512-128"' in base  # the compile RUN, exec form
+        texts = [t for text in rendered.values() for t in shell_text(text)]
+        assert len(texts) >= 3  # the apt, pip and user RUNs were found
+        assert [t for t in texts if any(s in t for s in sentinels)] == []
+
+
+def test_a_build_argument_a_dockerfile_would_interpret_is_refused():
+    from gemma4_port.images.plan import build_args
+
+    assert build_args({"A": "refs/pr/1", "B": "2.8.*"}) == 'ARG A="refs/pr/1" \\\n    B="2.8.*"'
+    for value in ("main$(id)", 'x" y', "a\nRUN id", "a`b`", "a\\b"):
+        with pytest.raises(ImageError, match="a character a Dockerfile would interpret"):
+            build_args({"REV": value})
+
+
+def test_a_neuron_image_of_a_local_checkpoint_is_refused():
+    m = manifest("gemma-4-e2b")
+    m = m.model_copy(update={"model": m.model.model_copy(update={"source": "/data/gemma"})})
+    with pytest.raises(ImageError, match="model.source '/data/gemma' is a local folder; .* give a hub repo id"):
+        plan_images(m, ImageOptions(flavour="neuron"))

@@ -1,9 +1,11 @@
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from gemma4_port.source.manifest import ManifestError, load_manifest
 from support import MANIFESTS, ROOT
@@ -111,5 +113,72 @@ def test_a_directory_is_one_error_line(tmp_path):
 
 def test_manifests_are_frozen():
     m = load_manifest(MANIFESTS / "tiny-e2b.yaml")
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="frozen"):
         m.variants[0].tp = 2
+
+
+@pytest.mark.parametrize(
+    "model, field, allowed",
+    [
+        ({"revision": "main$(id>PWNED)"}, "model.revision", "a branch or tag name"),
+        ({"revision": "main`id`"}, "model.revision", "a branch or tag name"),
+        ({"revision": "v1;id"}, "model.revision", "or a commit sha"),
+        ({"revision": "a..b"}, "model.revision", "git's ref rules"),
+        ({"revision": "x.lock"}, "model.revision", "git's ref rules"),
+        ({"revision": "-x"}, "model.revision", "git's ref rules"),
+        ({"revision": "main\nRUN id"}, "model.revision", "git's ref rules"),
+        ({"source": "google/gemma$(id>PWNED)"}, "model.source", "a hub repo id (owner/name"),
+        ({"source": 'g/x" && id #'}, "model.source", "or a local folder starting with /"),
+        ({"source": "a/b/c"}, "model.source", "a hub repo id"),
+        ({"source": "/ckpt\nRUN id"}, "model.source", "a local folder"),
+    ],
+)
+def test_a_revision_or_source_that_could_reach_a_shell_is_refused_by_name(tmp_path, model, field, allowed):
+    data = _base()
+    source = model.pop("source", "google/gemma-4-E2B-it")
+    data["model"] = {"source": source, **model}
+    with pytest.raises(ManifestError) as err:
+        load_manifest(_write(tmp_path, data))
+    msg = str(err.value)
+    assert msg.startswith(f"{tmp_path / 'bad.yaml'}: {field}: "), msg
+    assert allowed in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize(
+    "model",
+    [
+        {"source": "google/gemma-4-E2B-it", "revision": "main"},
+        {"source": "google/gemma-4-E2B-it", "revision": "refs/pr/12"},
+        {"source": "google/gemma-4-E2B-it", "revision": "release/v1.2_rc-3"},
+        {"source": "google/gemma-4-E2B-it", "revision": "0123456789abcdef0123456789abcdef01234567"},
+        {"source": "/data/checkpoints/gemma 4"},
+        {"source": "./ckpt"},
+        {"source": "~/models/gemma"},
+    ],
+)
+def test_hub_ids_git_refs_and_local_folders_are_accepted(tmp_path, model):
+    data = _base()
+    data["model"] = model
+    m = load_manifest(_write(tmp_path, data))
+    assert (m.model.source, m.model.revision) == (model["source"], model.get("revision"))
+
+
+@pytest.mark.parametrize(
+    "mutate, field",
+    [
+        (lambda d: d["images"].update(repository="x\nRUN id"), "images.repository"),
+        (lambda d: d["images"].update(repository="Upper/case"), "images.repository"),
+        (lambda d: d["images"].update(repository="registry.example:5000/a/b"), None),
+        (lambda d: d["images"].update(repository="localhost/a"), None),
+        (lambda d: d["images"]["tags"].update(slim="a b"), "images.tags.slim"),
+        (lambda d: d["toolchain"].update(transformers='5.24.0" $(id) "'), "toolchain.transformers"),
+    ],
+)
+def test_image_names_tags_and_pins_follow_their_grammar(tmp_path, mutate, field):
+    data = _base()
+    mutate(data)
+    if field is None:  # allowed
+        load_manifest(_write(tmp_path, data))
+        return
+    with pytest.raises(ManifestError, match=rf"^{re.escape(str(tmp_path / 'bad.yaml'))}: {field}: String should match"):
+        load_manifest(_write(tmp_path, data))

@@ -13,6 +13,7 @@ a server change rebuilds and pushes one thin layer.
 from __future__ import annotations
 
 import json
+import re
 import string
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -21,7 +22,7 @@ from typing import Literal
 
 from contract.errors import Gemma4Error
 from contract.versions import SYSTEM_PACKAGES
-from gemma4_port.source.manifest import Manifest
+from gemma4_port.source.manifest import Manifest, is_hub_id
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 
@@ -215,34 +216,43 @@ def _base_spec(
         if weights == "copy":
             context.append(("checkpoint", "checkpoint"))
         source = manifest.model.source or ""
+        if source and not is_hub_id(source):
+            raise ImageError(
+                f"plan: model.source {source!r} is a local folder; a neuron image gets its weights from the "
+                "hub (downloaded in the build, or --weights copy): give a hub repo id"
+            )
+        pins = {  # build argument -> (pip or apt package, the manifest's exact build)
+            "NEURONX_CC": ("neuronx-cc", tc.neuronx_cc),
+            "TORCH_NEURONX": ("torch-neuronx", tc.torch_neuronx),
+            "NEURONX_DISTRIBUTED": ("neuronx-distributed", tc.neuronx_distributed),
+        }
+        apt = dict(zip(("NEURON_RUNTIME", "NEURON_COLLECTIVES", "NEURON_TOOLS"), SYSTEM_PACKAGES, strict=True))
+        toolchain_args = {
+            "TORCH": ".".join(tc.torch_neuronx.split(".")[:2]) + ".*",  # torch-neuronx X.Y.* runs on torch X.Y
+            **{arg: version for arg, (_, version) in pins.items()},
+            "TRANSFORMERS": tc.transformers,
+            "NEURON_RUNTIME": tc.neuron_runtime,
+            "NEURON_COLLECTIVES": tc.neuron_collectives,
+            "NEURON_TOOLS": tc.neuron_tools,
+        }
         values.update(
             weights_mode=weights,
             neuron_apt_repo=NEURON_APT_REPO,
             os_apt=" ".join(f"{p}={v}" for p, v in OS_APT_PINS.items()),
-            torch=".".join(tc.torch_neuronx.split(".")[:2]) + ".*",  # torch-neuronx X.Y.* runs on torch X.Y
-            neuron_pins=" ".join(
-                f'"{p}=={v}"'
-                for p, v in (
-                    ("neuronx-cc", tc.neuronx_cc),
-                    ("torch-neuronx", tc.torch_neuronx),
-                    ("neuronx-distributed", tc.neuronx_distributed),
-                )
-            ),
+            toolchain_args=build_args(toolchain_args),
+            neuron_pins=" ".join(f'"{p}==${{{arg}}}"' for arg, (p, _) in pins.items()),
             # The manifest's exact builds; a Neuron Debian version carries a -<revision> ("2.30.51.0-<hash>").
-            neuron_apt=" ".join(
-                f"{p}={v}-*"
-                for p, v in zip(
-                    SYSTEM_PACKAGES, (tc.neuron_runtime, tc.neuron_collectives, tc.neuron_tools), strict=True
-                )
-            ),
-            model_source=source,
-            model_revision=manifest.model.revision or "main",
+            neuron_apt=" ".join(f'{p}="${{{arg}}}-*"' for arg, p in apt.items()),
+            model_args=build_args({"MODEL_SOURCE": source, "MODEL_REVISION": manifest.model.revision or "main"}),
             hf_cache_dir=f"/opt/hf/hub/models--{source.replace('/', '--')}",
             swap_comments="\n".join(f"#   {swap_advice(v, swap.get(v))}" for v in variants),
             requirements=" ".join(f'"{r}"' for r in options.requirements),
-            compile="\n".join(  # one RUN per variant: each is cached on its own
-                f"RUN HF_HUB_OFFLINE=1 python build.py compile manifest.yaml --variant {v} --backend neuron "
-                f"--out {APP_DIR}/artifacts/{v}"
+            compile="\n".join(  # one RUN per variant (each cached on its own), exec form: no shell
+                "RUN "
+                + json.dumps(
+                    ["python", "build.py", "compile", "manifest.yaml", "--variant", v, "--backend", "neuron"]
+                    + ["--out", f"{APP_DIR}/artifacts/{v}"]
+                )
                 for v in variants
             ),
         )
@@ -325,6 +335,16 @@ class _Template(string.Template):
     delimiter = "@"  # Dockerfiles are full of shell `$VARS`; `@{name}` keeps the templates readable
 
 
+def build_args(args: Mapping[str, str]) -> str:
+    """One ARG instruction: values the shell sees only as variables (`"${NAME}"`), never as its text.
+    They are validated where they come from (the manifest); a Dockerfile's own quoting and expansion
+    characters are refused here too, so no value can end the instruction or expand another."""
+    for name, value in args.items():
+        if not re.fullmatch(r"[^\x00-\x1f\x7f$\"'\\`]+", value):
+            raise ImageError(f"plan: build argument {name}={value!r}: a character a Dockerfile would interpret")
+    return _instruction("ARG", args.items())
+
+
 def _instruction(keyword: str, pairs: Iterable[tuple[str, str]]) -> str:
     pairs = list(pairs)
     if not pairs:
@@ -375,18 +395,20 @@ def _neuron_weights(values: dict[str, str]) -> str:
             "# The checkpoint, downloaded on the build host (its HF_TOKEN stays there), copied in.\n"
             f"COPY checkpoint/ {values['hf_cache_dir']}/"
         )
-    download = (
-        f"from huggingface_hub import snapshot_download; "
-        f"snapshot_download({values['model_source']!r}, revision={values['model_revision']!r})"
+    download = (  # the model and revision come from the build arguments, in the environment
+        "import os, pathlib; from huggingface_hub import snapshot_download; "
+        "token = pathlib.Path('/run/secrets/hf_token'); "
+        "snapshot_download(os.environ['MODEL_SOURCE'], revision=os.environ['MODEL_REVISION'], "
+        "token=token.read_text().strip() if token.is_file() else None)"
     )
     return (
+        f"{values['model_args']}\n"
         "# Gated models need a token: a BuildKit secret is mounted for this one RUN and never lands in a\n"
         "# layer. The classic builder (docker SDK) cannot pass secrets: build this stage with\n"
         "#   docker buildx build --secret id=hf_token,env=HF_TOKEN ...\n"
         "# or use `build.py images --weights copy` to copy a checkpoint downloaded on the host.\n"
         "RUN --mount=type=secret,id=hf_token,required=false \\\n"
-        '    HF_TOKEN="$(cat /run/secrets/hf_token 2>/dev/null)" \\\n'
-        f"    python -c {json.dumps(download)}"
+        f"    {json.dumps(['python', '-c', download])}"
     )
 
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -29,16 +30,57 @@ class RandomModel(Frozen):
 
         try:
             Gemma4TextConfig(**config)
-        except Exception as exc:  # transformers raises several types for bad fields
+        except Exception as exc:  # noqa: BLE001 - transformers raises several types for bad fields
             reason = " ".join(str(exc).split())  # transformers' messages span lines; keep the error one line
             raise ValueError(f"not a valid Gemma4TextConfig: {reason}") from None
         return config
 
 
+# A revision reaches a Dockerfile and the hub's URLs: a git ref name as `git check-ref-format --branch`
+# accepts it, over a portable alphabet (git also allows shell metacharacters such as `$`, `(`, `;`, `'`,
+# which no ref of a hub model needs): components of letters, digits, `.`, `_`, `-` separated by single
+# `/`, none starting with `.` or ending with `.lock`, no `..`, not starting with `-` nor ending with `.`
+# or `/`. A commit sha (40 hex digits) is such a name too.
+REF_COMPONENT = r"(?!\.)(?:(?!\.\.)[A-Za-z0-9._-])+(?<!\.lock)"
+GIT_REF = rf"^(?!-){REF_COMPONENT}(?:/{REF_COMPONENT})*(?<!\.)$"
+REVISION_FORM = "a branch or tag name (letters, digits, '.', '_', '-', single '/'; git's ref rules) or a commit sha"
+# A local checkpoint folder is told from a hub id by how it starts.
+LOCAL_PATH = r"^(/|\./|\.\./|~)[^\x00-\x1f\x7f]*$"
+SOURCE_FORM = (
+    "a hub repo id (owner/name: letters, digits, '-', '_', '.') or a local folder starting with /, ./, ../ or ~"
+)
+
+
+def is_hub_id(source: str) -> bool:
+    """Whether `source` is a Hugging Face repo id (huggingface_hub's own rules), not a local path."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        return False
+    return True
+
+
 class ModelSource(Frozen):
-    source: str | None = Field(None, description="Hugging Face repo id or a local checkpoint folder")
-    revision: str | None = None
+    source: str | None = Field(None, description=SOURCE_FORM)
+    revision: str | None = Field(None, max_length=255, description=REVISION_FORM)
     random: RandomModel | None = None
+
+    @field_validator("source")
+    @classmethod
+    def _source_form(cls, source: str | None) -> str | None:
+        if source is not None and not is_hub_id(source) and not re.match(LOCAL_PATH, source):
+            raise ValueError(f"{source!r} is not a hub repo id nor a local folder; allowed: {SOURCE_FORM}")
+        return source
+
+    @field_validator("revision")
+    @classmethod
+    def _revision_form(cls, revision: str | None) -> str | None:
+        if revision is not None and not re.match(GIT_REF, revision):
+            raise ValueError(f"{revision!r} is not a git ref name; allowed: {REVISION_FORM}")
+        return revision
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSource:
@@ -63,7 +105,7 @@ class Toolchain(Frozen):
     neuron_collectives: str = Field(pattern=BUILD % 3, description="apt aws-neuronx-collectives")
     neuron_tools: str = Field(pattern=BUILD % 3, description="apt aws-neuronx-tools")
     neuron_driver: str = Field(pattern=BUILD % 3, description="the oldest host aws-neuronx-dkms the release supports")
-    transformers: str
+    transformers: str = Field(pattern=r"^\d+(\.\d+)+((a|b|rc)\d+)?$", description="an exact release, e.g. 5.24.0")
     # NxD ModelBuilder's own defaults (model_builder.py append_default_compiler_flags), which NxD
     # Inference also passes for bf16 weights: --auto-cast=none keeps the float32 the graph asks for.
     compiler_args: tuple[str, ...] = (
@@ -110,9 +152,21 @@ class Variant(Frozen):
         return self
 
 
+# Docker's reference grammar (distribution/reference): an image name of lowercase path components
+# joined by `/`, with an optional registry host (a first component with a `.` or a port, or
+# localhost); a tag of word characters, `.` and `-`.
+_NAME_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?"
+_DOMAIN = rf"(?:{_LABEL}(?:\.{_LABEL})+(?::[0-9]+)?|{_LABEL}:[0-9]+|localhost)"
+IMAGE_NAME = rf"^(?:{_DOMAIN}/)?{_NAME_COMPONENT}(?:/{_NAME_COMPONENT})*$"
+IMAGE_TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
+
+
 class Images(Frozen):
-    repository: str
-    tags: dict[str, str] = Field(default_factory=dict, description="flavour (base, slim, tp2-slim, ...) -> tag")
+    repository: str = Field(pattern=IMAGE_NAME, max_length=255, description="an image name, e.g. gemma4-inf2/e2b")
+    tags: dict[str, Annotated[str, Field(pattern=IMAGE_TAG)]] = Field(
+        default_factory=dict, description="flavour (base, slim, tp2-slim, ...) -> tag"
+    )
     variant: str | None = Field(None, description="variant baked into the images; default: the first")
 
 
@@ -159,7 +213,7 @@ def parse_manifest(data: Any, origin: str) -> Manifest:
         # unknown one first, with the fields allowed there.
         err = min(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
-        msg = err["msg"]
+        msg = err["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
         if err["type"] == "extra_forbidden":
             msg = f"unknown field; allowed here: {', '.join(_fields_at(Manifest, err['loc'][:-1]))}"
         raise ManifestError(f"{origin}: {_location(err['loc'])}: {msg}{more}") from None

@@ -8,6 +8,15 @@
 
 FROM ubuntu:22.04 AS toolchain
 ARG DEBIAN_FRONTEND=noninteractive
+# The manifest's pins, as build arguments: its values reach the shell as variables, never as shell text.
+ARG TORCH="2.8.*" \
+    NEURONX_CC="2.23.6484.0" \
+    TORCH_NEURONX="2.8.0.2.12.22436" \
+    NEURONX_DISTRIBUTED="0.17.26814" \
+    TRANSFORMERS="5.24.0" \
+    NEURON_RUNTIME="2.30.51.0" \
+    NEURON_COLLECTIVES="2.30.59.0" \
+    NEURON_TOOLS="2.28.23.0"
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 # The Neuron repository's key, fetched by the builder: apt reads an armored key from a .asc file, so
 # neither curl nor gnupg goes into the image. Apt packages are pinned: the OS's to the series
@@ -20,7 +29,7 @@ RUN chmod 0644 /etc/apt/keyrings/neuron.asc \
  && echo "deb [signed-by=/etc/apt/keyrings/neuron.asc] https://apt.repos.neuron.amazonaws.com $VERSION_CODENAME main" \
     > /etc/apt/sources.list.d/neuron.list \
  && apt-get update \
- && apt-get install -y --no-install-recommends aws-neuronx-runtime-lib=2.30.51.0-* aws-neuronx-collectives=2.30.59.0-* aws-neuronx-tools=2.28.23.0-* \
+ && apt-get install -y --no-install-recommends aws-neuronx-runtime-lib="${NEURON_RUNTIME}-*" aws-neuronx-collectives="${NEURON_COLLECTIVES}-*" aws-neuronx-tools="${NEURON_TOOLS}-*" \
  && rm -rf /var/lib/apt/lists/*
 ENV PATH=/opt/venv/bin:/opt/aws/neuron/bin:$PATH \
     LD_LIBRARY_PATH=/opt/aws/neuron/lib \
@@ -28,25 +37,27 @@ ENV PATH=/opt/venv/bin:/opt/aws/neuron/bin:$PATH \
 # CPU-only torch first, from its own index (the PyPI wheel would pull CUDA), then the Neuron
 # packages at the manifest's exact builds from the Neuron index (the loader refuses any other).
 RUN python3.11 -m venv /opt/venv \
- && pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==2.8.*" \
+ && pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH}" \
  && pip install --no-cache-dir --extra-index-url https://pip.repos.neuron.amazonaws.com \
-    "neuronx-cc==2.23.6484.0" "torch-neuronx==2.8.0.2.12.22436" "neuronx-distributed==0.17.26814" "transformers==5.24.0" "flask==3.1.3" "gunicorn==27.0.1" "pydantic==2.14.4"
+    "neuronx-cc==${NEURONX_CC}" "torch-neuronx==${TORCH_NEURONX}" "neuronx-distributed==${NEURONX_DISTRIBUTED}" "transformers==${TRANSFORMERS}" "flask==3.1.3" "gunicorn==27.0.1" "pydantic==2.14.4"
 
 # Weights and compile in a throwaway stage: the checkpoint and the compiler's scratch stay out of the base.
 FROM toolchain AS compile
 ENV HF_HOME=/opt/hf \
     NEURON_COMPILE_CACHE_URL=/var/tmp/neuron-compile-cache
+ARG MODEL_SOURCE="google/gemma-4-E2B-it" \
+    MODEL_REVISION="main"
 # Gated models need a token: a BuildKit secret is mounted for this one RUN and never lands in a
 # layer. The classic builder (docker SDK) cannot pass secrets: build this stage with
 #   docker buildx build --secret id=hf_token,env=HF_TOKEN ...
 # or use `build.py images --weights copy` to copy a checkpoint downloaded on the host.
 RUN --mount=type=secret,id=hf_token,required=false \
-    HF_TOKEN="$(cat /run/secrets/hf_token 2>/dev/null)" \
-    python -c "from huggingface_hub import snapshot_download; snapshot_download('google/gemma-4-E2B-it', revision='main')"
+    ["python", "-c", "import os, pathlib; from huggingface_hub import snapshot_download; token = pathlib.Path('/run/secrets/hf_token'); snapshot_download(os.environ['MODEL_SOURCE'], revision=os.environ['MODEL_REVISION'], token=token.read_text().strip() if token.is_file() else None)"]
+ENV HF_HUB_OFFLINE=1
 COPY app/ /opt/gemma4/
 WORKDIR /opt/gemma4
-RUN HF_HUB_OFFLINE=1 python build.py compile manifest.yaml --variant 512-128 --backend neuron --out /opt/gemma4/artifacts/512-128
-RUN HF_HUB_OFFLINE=1 python build.py compile manifest.yaml --variant tp2-48k --backend neuron --out /opt/gemma4/artifacts/tp2-48k
+RUN ["python", "build.py", "compile", "manifest.yaml", "--variant", "512-128", "--backend", "neuron", "--out", "/opt/gemma4/artifacts/512-128"]
+RUN ["python", "build.py", "compile", "manifest.yaml", "--variant", "tp2-48k", "--backend", "neuron", "--out", "/opt/gemma4/artifacts/tp2-48k"]
 
 FROM toolchain
 # One layer per artifact, before the code: a code change never re-uploads an artifact.

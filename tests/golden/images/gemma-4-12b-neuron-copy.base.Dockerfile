@@ -1,5 +1,6 @@
 # gemma4-inf2 base, neuron flavour (Inferentia2): gemma4-inf2/gemma-4-12b:latest
-# Build on an inf2.8xlarge (or any large x86 host: the compile runs on the CPU, not on the device).
+# Build on an inf2.8xlarge (or any large x86 host: the compile runs on the CPU, not on the device, and
+# with no Neuron device visible it pins the platform to Inferentia2 itself, gemma4_port/compile/platform.py).
 # Host memory for the compile of each variant:
 #   tp2-48k: the compile needs >= 221 GiB of swap on an inf2.8xlarge (128 GiB RAM; build.py plan)
 # The image is large (toolchain + artifacts): build and push it once; slim images push only their layer.

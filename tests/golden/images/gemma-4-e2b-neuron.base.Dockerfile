@@ -1,6 +1,7 @@
 # syntax=docker/dockerfile:1
 # gemma4-inf2 base, neuron flavour (Inferentia2): gemma4-inf2/gemma-4-e2b:latest
-# Build on an inf2.8xlarge (or any large x86 host: the compile runs on the CPU, not on the device).
+# Build on an inf2.8xlarge (or any large x86 host: the compile runs on the CPU, not on the device, and
+# with no Neuron device visible it pins the platform to Inferentia2 itself, gemma4_port/compile/platform.py).
 # Host memory for the compile of each variant:
 #   512-128: the compile fits in an inf2.8xlarge's 128 GiB of RAM, no swap needed
 #   tp2-48k: the compile fits in an inf2.8xlarge's 128 GiB of RAM, no swap needed

@@ -126,14 +126,14 @@ def test_the_base_carries_the_build_tools_and_the_load_path_not_the_server():
     base, server = map(set, project_files())
     assert {
         "build.py",
-        "gemma4_port/compile.py",
-        "gemma4_port/verify.py",
+        "gemma4_port/compile/backends.py",
+        "gemma4_port/verify/run.py",
         "contract/artifact.py",
         "runtime/model/loader.py",
         "runtime/__init__.py",
     } <= base
-    assert not base & {"runtime/serve.py", "runtime/app.py", "runtime/engine.py"}
-    assert {"contract/artifact.py", "runtime/serve.py", "runtime/app.py", "runtime/model/loader.py"} <= server
+    assert not base & {"runtime/serve.py", "runtime/http/app.py", "runtime/generate/engine.py"}
+    assert {"contract/artifact.py", "runtime/serve.py", "runtime/http/app.py", "runtime/model/loader.py"} <= server
     assert not any("__pycache__" in f or f.startswith("gemma4_port/") for f in base & server)
 
 

@@ -14,10 +14,11 @@ from gunicorn.app.base import BaseApplication
 
 from contract.artifact import load_meta
 from contract.errors import Gemma4Error
-from runtime.settings import ENV, Settings, check_backend, check_port
+from runtime.api.state import server_state
+from runtime.settings import ENV, ServerSettings, check_backend, check_port
 
 
-def gunicorn_options(settings: Settings) -> dict:
+def gunicorn_options(settings: ServerSettings) -> dict:
     """One worker, because the device has one owner (the engine thread inside it); threads, because
     every streaming or waiting request holds one."""
     return {
@@ -44,13 +45,13 @@ def _worker_exit(server, worker) -> None:
     (a daemon thread killed inside a graph call aborts the process)."""
     app = getattr(worker, "wsgi", None)
     if app is not None:
-        app.extensions["gemma4_engine"].close()
+        server_state(app).engine.close()
 
 
-class Server(BaseApplication):
-    """gunicorn with its configuration and its app from one Settings object."""
+class GunicornServer(BaseApplication):
+    """gunicorn with its configuration and its app from one ServerSettings object."""
 
-    def __init__(self, settings: Settings):
+    def __init__(self, settings: ServerSettings):
         self.settings = settings
         super().__init__()
 
@@ -66,10 +67,10 @@ class Server(BaseApplication):
         return create_app(self.settings)
 
 
-def checked_settings(environ: Mapping[str, str]) -> Settings:
+def checked_settings(environ: Mapping[str, str]) -> ServerSettings:
     """The settings and the artifact they name, validated: a bad variable or artifact is one line
     and exit 2, not a worker crash."""
-    settings = Settings.from_env(environ)
+    settings = ServerSettings.from_env(environ)
     check_backend(settings, load_meta(settings.artifact).backend)
     check_port(settings)
     return settings
@@ -81,7 +82,7 @@ def run(environ: Mapping[str, str]) -> int:
     # (measured up to 10x slower on 2 vCPUs), so one thread unless the operator says otherwise. Set
     # here, before the worker imports torch.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    Server(settings).run()
+    GunicornServer(settings).run()
     return 0
 
 

@@ -32,7 +32,7 @@ class SettingsError(Gemma4Error, ValueError):
     pass
 
 
-class Settings(BaseModel):
+class ServerSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     artifact: DirectoryPath
@@ -47,7 +47,7 @@ class Settings(BaseModel):
     port: int = Field(default=8080, ge=1, le=65535)
 
     @classmethod
-    def from_env(cls, environ: Mapping[str, str] = os.environ) -> Settings:
+    def from_env(cls, environ: Mapping[str, str] = os.environ) -> ServerSettings:
         if not environ.get(ENV["artifact"]):
             raise SettingsError(
                 f"{ENV['artifact']} is not set: point it at an artifact directory from `build.py compile`"
@@ -62,7 +62,7 @@ class Settings(BaseModel):
             raise SettingsError(f"{var}={environ.get(var)!r}: {err['msg']}") from None
 
 
-def check_backend(settings: Settings, artifact_backend: str) -> None:
+def check_backend(settings: ServerSettings, artifact_backend: str) -> None:
     if settings.backend not in ("auto", artifact_backend):
         raise SettingsError(
             f"{ENV['backend']}={settings.backend}, but {Path(settings.artifact)} was compiled for the "
@@ -70,7 +70,7 @@ def check_backend(settings: Settings, artifact_backend: str) -> None:
         )
 
 
-def check_port(settings: Settings) -> None:
+def check_port(settings: ServerSettings) -> None:
     """The address must be free before gunicorn starts (it would print a dozen lines, then give up)."""
     family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:

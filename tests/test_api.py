@@ -193,12 +193,21 @@ def test_bad_input_gets_a_4xx_json_error_and_the_server_stays_ready(client, path
 )
 def test_what_cannot_fit_is_refused_before_tokenizing(client, monkeypatch, path, body, param):
     """A 1 MB prompt took ~1 s of CPU to template and tokenize before its length was checked."""
-    monkeypatch.setattr("runtime.api.routes.tokenize", lambda encode: pytest.fail("the prompt was tokenized"))
+    from runtime.api.state import server_state
+
+    class NoTokenizing:  # tokenizing and templating happen under this lock
+        def __enter__(self):
+            pytest.fail("the prompt was tokenized")
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(server_state(client.application), "tokenizer_lock", NoTokenizing())
     assert_error(client.post(path, json=body), 400, param, "context_length_exceeded")
 
 
 def test_the_character_bound_never_refuses_a_prompt_that_fits(client, engine):
-    from runtime.api.routes import chars_per_token
+    from runtime.api.handling import chars_per_token
 
     longest = max(engine.tokenizer.get_vocab(), key=len)
     assert len(longest) == chars_per_token(engine.tokenizer)
@@ -379,15 +388,16 @@ def test_n_choices_take_turns_on_a_single_slot(client):
 
 def test_a_forced_grammar_compiles_and_refuses_a_second_constraint(engine):
     from runtime.api.errors import APIError
-    from runtime.api.routes import ChatBody, compile_grammar
+    from runtime.api.handling import compile_grammar
+    from runtime.api.protocol import ChatCompletionRequest
     from runtime.generate.grammar import Grammar
 
     forced = ("tool_choice", Grammar.lark('start: "call:" /[a-z]+/'))
-    plain = ChatBody.model_validate({"model": MODEL, "messages": HI})
+    plain = ChatCompletionRequest.model_validate({"model": MODEL, "messages": HI})
     assert isinstance(compile_grammar(engine, plain, forced), str)
     with pytest.raises(APIError, match="tool_choice") as info:
         compile_grammar(engine, plain, ("tool_choice", Grammar.lark("start: nope")))
     assert info.value.param == "tool_choice"
-    both = ChatBody.model_validate({"model": MODEL, "messages": HI, "guided_regex": "a+"})
+    both = ChatCompletionRequest.model_validate({"model": MODEL, "messages": HI, "guided_regex": "a+"})
     with pytest.raises(APIError, match="guided_regex: cannot be combined with tool_choice"):
         compile_grammar(engine, both, forced)

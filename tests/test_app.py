@@ -6,9 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
+from runtime.api.state import server_state
 from runtime.generate.engine import State
 from runtime.http.app import create_app
-from runtime.settings import Settings
+from runtime.settings import ServerSettings
 from support.artifact_copies import with_wrong_golden
 from support.http import CHAT, COMPLETIONS, HI, MODEL, assert_error, client, engine, settings, sse_events  # noqa: F401
 
@@ -62,9 +63,9 @@ def test_metrics_count_requests_by_endpoint_and_status(client):
 
 def test_ready_stays_503_after_a_failed_self_test(compiled, tmp_path):
     folder = with_wrong_golden(compiled("tiny-e2b", "fp32"), tmp_path / "planted")
-    app = create_app(Settings(artifact=folder))  # its own engine, loading in the background
+    app = create_app(ServerSettings(artifact=folder))  # its own engine, loading in the background
     client = app.test_client()
-    engine = app.extensions["gemma4_engine"]
+    engine = server_state(app).engine
     try:
         assert client.get("/health").status_code == 200  # at once, while loading
         early = client.get("/ready")
@@ -83,8 +84,8 @@ def test_ready_stays_503_after_a_failed_self_test(compiled, tmp_path):
 
 
 def test_drain_refuses_new_requests_and_finishes_those_in_flight(compiled, monkeypatch):
-    app = create_app(Settings(artifact=compiled("tiny-e2b", "fp32"), queue_max=2))
-    client, engine = app.test_client(), app.extensions["gemma4_engine"]
+    app = create_app(ServerSettings(artifact=compiled("tiny-e2b", "fp32"), queue_max=2))
+    client, engine = app.test_client(), server_state(app).engine
     try:
         assert engine.wait(300) is State.READY
         gate, decode = threading.Event(), engine.model.runner.decode
@@ -107,8 +108,8 @@ def test_drain_refuses_new_requests_and_finishes_those_in_flight(compiled, monke
 
 
 def test_liveness_fails_while_a_device_call_is_stuck(compiled, monkeypatch):
-    app = create_app(Settings(artifact=compiled("tiny-e2b", "fp32")))
-    client, engine = app.test_client(), app.extensions["gemma4_engine"]
+    app = create_app(ServerSettings(artifact=compiled("tiny-e2b", "fp32")))
+    client, engine = app.test_client(), server_state(app).engine
     try:
         assert engine.wait(300) is State.READY
         monkeypatch.setattr("runtime.generate.engine.STUCK_AFTER_S", 0.2)

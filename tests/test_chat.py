@@ -10,7 +10,7 @@ import pytest
 
 from runtime.api.chat import ChatTemplateError, Message, Tool, render, template_kwargs
 from runtime.http.app import create_app
-from runtime.settings import Settings
+from runtime.settings import ServerSettings
 from support.engines import ready
 from support.http import openai_client
 
@@ -52,7 +52,7 @@ BAD_ARGUMENTS = CALLED | {
 
 @pytest.fixture(scope="module")
 def engine(compiled):
-    with ready(Settings(artifact=compiled("tiny-e2b", "chat"))) as eng:
+    with ready(ServerSettings(artifact=compiled("tiny-e2b", "chat"))) as eng:
         yield eng
 
 

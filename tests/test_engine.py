@@ -10,19 +10,10 @@ import pytest
 import torch
 
 from contract.artifact import load_meta
-from runtime.generate.engine import (
-    DoesNotFit,
-    Engine,
-    Failed,
-    Finished,
-    Job,
-    NotReady,
-    QueueFull,
-    State,
-    token_budget,
-)
+from runtime.generate.engine import Engine, NotReady, QueueFull, State
 from runtime.generate.sampling import SamplingParams
-from runtime.settings import Settings
+from runtime.generate.sequence import DoesNotFit, Failed, Finished, Job, token_budget
+from runtime.settings import ServerSettings
 from support.artifact_copies import with_eos, with_golden_step, with_wrong_golden
 from support.engines import ready, running
 
@@ -33,7 +24,7 @@ PROMPTS = ("The capital of France is", "hello world", "Inferentia2 has two Neuro
 @pytest.fixture(scope="module")
 def b4(compiled):
     """A batch-4 engine (four KV slots), loaded and self-tested once for the module."""
-    with ready(Settings(artifact=compiled("tiny-e2b", "b4"), queue_max=8)) as engine:
+    with ready(ServerSettings(artifact=compiled("tiny-e2b", "b4"), queue_max=8)) as engine:
         yield engine
 
 
@@ -185,7 +176,7 @@ def test_token_budget_never_truncates(b4):
 
 def test_wrong_golden_token_fails_the_self_test_for_good(compiled, tmp_path):
     folder = with_wrong_golden(compiled("tiny-e2b", "fp32"), tmp_path / "planted")
-    with running(Settings(artifact=folder)) as engine:
+    with running(ServerSettings(artifact=folder)) as engine:
         assert engine.wait(300) is State.FAILED
         name = load_meta(folder).golden[0].name
         assert f"golden prompt {name!r}" in engine.reason and "step 0: the logits" in engine.reason
@@ -213,12 +204,12 @@ def planted_near_tie(src, dst):
 
 
 def test_self_test_passes_a_near_tie_known_only_from_the_reference_gap(compiled, tmp_path):
-    with running(Settings(artifact=planted_near_tie(compiled("tiny-e2b", "bf16"), tmp_path / "tie"))) as engine:
+    with running(ServerSettings(artifact=planted_near_tie(compiled("tiny-e2b", "bf16"), tmp_path / "tie"))) as engine:
         assert engine.wait(300) is State.READY, engine.reason
 
 
 def test_float32_self_test_allows_no_such_near_tie(compiled, tmp_path):
-    with running(Settings(artifact=planted_near_tie(compiled("tiny-e2b", "fp32"), tmp_path / "tie"))) as engine:
+    with running(ServerSettings(artifact=planted_near_tie(compiled("tiny-e2b", "fp32"), tmp_path / "tie"))) as engine:
         assert engine.wait(300) is State.FAILED
         assert "more than the float32 bound" in engine.reason
 
@@ -228,16 +219,10 @@ def test_an_eos_token_ends_the_request_with_stop(compiled, tmp_path):
     golden = load_meta(src).golden[0]
     tokens = list(golden.tokens)
     step = next(i for i in range(1, len(tokens)) if tokens[i] not in tokens[:i])  # a token not seen before it
-    with ready(Settings(artifact=with_eos(src, tmp_path / "eos", tokens[step]))) as engine:
+    with ready(ServerSettings(artifact=with_eos(src, tmp_path / "eos", tokens[step]))) as engine:
         text, done = run(engine, list(golden.ids), max_tokens=len(tokens))
         assert (done.reason, done.completion_tokens) == ("stop", step + 1)
         assert text == engine.tokenizer.decode(tokens[:step], skip_special_tokens=True)
-
-
-def test_backend_mismatch_fails_with_the_variable_named(compiled):
-    with running(Settings(artifact=compiled("tiny-e2b", "fp32"), backend="neuron")) as engine:
-        assert engine.wait(60) is State.FAILED
-        assert "GEMMA4_BACKEND=neuron" in engine.reason and "cpu" in engine.reason
 
 
 # -- long prompts: chunks between decode steps, the slot states, prefix reuse --------------------
@@ -303,7 +288,7 @@ def test_a_prompt_longer_than_every_bucket_runs_in_chunks_between_decode_steps(b
 
 
 def test_whole_prompt_prefill_runs_every_chunk_before_the_next_decode(compiled):
-    with ready(Settings(artifact=compiled("tiny-e2b", "b4"), prefill_chunks_per_step=0)) as engine:
+    with ready(ServerSettings(artifact=compiled("tiny-e2b", "b4"), prefill_chunks_per_step=0)) as engine:
         seen, recorded = _calls(engine)
         backend = engine.model.runner.backend
         backend.prefill, backend.decode = recorded("prefill", backend.prefill), recorded("decode", backend.decode)
@@ -341,7 +326,7 @@ def test_a_finished_request_leaves_its_slot_retained_and_a_shared_prefix_is_reus
 def test_reuse_gives_what_no_reuse_gives_alone_and_beside_others(b4, compiled):
     base = _random(45, 3)
     prompts = [base + _random(5, 4), base + _random(12, 5), _random(50, 6)]
-    with ready(Settings(artifact=compiled("tiny-e2b", "b4"), prefix_reuse=False)) as plain:
+    with ready(ServerSettings(artifact=compiled("tiny-e2b", "b4"), prefix_reuse=False)) as plain:
         want = [run(plain, p, max_tokens=8)[0] for p in prompts]
     wait_idle(b4)
     run(b4, base, max_tokens=3)  # retained: the next two reuse it
@@ -471,7 +456,7 @@ def test_prompt_logprobs_are_the_references_log_softmax_at_every_prompt_position
 def test_n_choices_on_one_slot_run_one_after_another_from_the_retained_prompt(compiled):
     """Batch 1: the choices wait for the one slot and decode on from the KV the previous one left
     there (no copy, no prefill), as long as its ring still holds the prompt's end."""
-    with ready(Settings(artifact=compiled("tiny-e2b", "fp32"))) as engine:
+    with ready(ServerSettings(artifact=compiled("tiny-e2b", "fp32"))) as engine:
         seen, recorded = _calls(engine)
         engine.model.runner.backend.prefill = recorded("prefill", engine.model.runner.backend.prefill)
         ids = _random(14, 10)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from gemma4_port.source.toy_tokenizer import EOS_ID, SPECIAL_TOKENS, TURN_END, train_tokenizer
-from runtime.generate.grammar import Grammar, GrammarError, Grammars
+from runtime.generate.grammar import Grammar, GrammarCompiler, GrammarError
 
 VOCAB = 1024
 EOS = (EOS_ID, SPECIAL_TOKENS.index(TURN_END))  # the special tokens take the first ids, in order
@@ -26,7 +26,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def grammars(tokenizer):
-    return Grammars(tokenizer, VOCAB, EOS)
+    return GrammarCompiler(tokenizer, VOCAB, EOS)
 
 
 def random_schema(rng: random.Random, depth: int = 0) -> dict:
@@ -63,7 +63,7 @@ def random_schema(rng: random.Random, depth: int = 0) -> dict:
 
 
 def random_model_output(
-    grammars: Grammars, tokenizer, grammar: Grammar, seed: int, steps: int = 300
+    grammars: GrammarCompiler, tokenizer, grammar: Grammar, seed: int, steps: int = 300
 ) -> tuple[str, bool]:
     """What a random-weight model emits under the grammar: seeded logits, masked, sampled at
     temperature 1; (text, ended on an end-of-generation id)."""

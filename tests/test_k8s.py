@@ -15,7 +15,7 @@ from gemma4_port.ops.capacity import INSTANCES, ModelSizes, footprint
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
 from runtime.serve import gunicorn_options
-from runtime.settings import Settings
+from runtime.settings import ServerSettings
 from support import MANIFESTS, ROOT
 
 K8S = ROOT / "deploy" / "k8s"
@@ -96,5 +96,5 @@ def test_probes_and_shutdown(docs):
     assert server["livenessProbe"]["httpGet"]["path"] == "/health"
     assert server["readinessProbe"]["httpGet"]["path"] == "/ready"
     pre_stop = server["lifecycle"]["preStop"]["sleep"]["seconds"]
-    drain = gunicorn_options(Settings(artifact=ROOT))["graceful_timeout"]
+    drain = gunicorn_options(ServerSettings(artifact=ROOT))["graceful_timeout"]
     assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from runtime.http.app import create_app
-from runtime.settings import Settings
+from runtime.settings import ServerSettings
 from support.engines import ready
 from support.http import openai_client
 
@@ -20,7 +20,7 @@ HI = [{"role": "user", "content": "Write a haiku."}]
 
 @pytest.fixture(scope="module")
 def engine(compiled):
-    with ready(Settings(artifact=compiled("tiny-e2b", "b4"), queue_max=8)) as eng:
+    with ready(ServerSettings(artifact=compiled("tiny-e2b", "b4"), queue_max=8)) as eng:
         yield eng
 
 

@@ -1,5 +1,5 @@
 """runtime.serve: what `build.py serve` and the images' `python -m runtime.serve` run: the settings
-and the artifact checked first, then gunicorn configured from the same Settings object."""
+and the artifact checked first, then gunicorn configured from the same ServerSettings object."""
 
 import os
 import subprocess
@@ -8,8 +8,8 @@ import sys
 import pytest
 
 from contract.artifact import ArtifactError
-from runtime.serve import Server, gunicorn_options, run
-from runtime.settings import Settings, SettingsError
+from runtime.serve import GunicornServer, gunicorn_options, run
+from runtime.settings import ServerSettings, SettingsError
 from support import ROOT
 
 
@@ -21,7 +21,7 @@ def test_serve_checks_the_artifact_before_starting_gunicorn(compiled, tmp_path):
 
 
 def test_gunicorn_takes_its_options_from_the_settings(compiled):
-    settings = Settings.from_env(
+    settings = ServerSettings.from_env(
         {
             "GEMMA4_ARTIFACT": str(compiled("tiny-e2b", "fp32")),
             "GEMMA4_PORT": "8123",
@@ -29,7 +29,7 @@ def test_gunicorn_takes_its_options_from_the_settings(compiled):
             "GEMMA4_QUEUE_MAX": "5",
         }
     )
-    cfg = Server(settings).cfg
+    cfg = GunicornServer(settings).cfg
     assert cfg.bind == ["127.0.0.1:8123"] and cfg.workers == 1 and cfg.threads == 5 + 32
     assert cfg.worker_class_str == gunicorn_options(settings)["worker_class"] and not cfg.preload_app
 

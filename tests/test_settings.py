@@ -3,11 +3,11 @@ its variable."""
 
 import pytest
 
-from runtime.settings import Settings, SettingsError
+from runtime.settings import ServerSettings, SettingsError
 
 
 def test_settings_from_the_environment(tmp_path):
-    s = Settings.from_env({"GEMMA4_ARTIFACT": str(tmp_path), "GEMMA4_API_KEY": "", "GEMMA4_QUEUE_MAX": "3"})
+    s = ServerSettings.from_env({"GEMMA4_ARTIFACT": str(tmp_path), "GEMMA4_API_KEY": "", "GEMMA4_QUEUE_MAX": "3"})
     assert (s.queue_max, s.api_key, s.backend, s.port, s.max_body_bytes) == (3, None, "auto", 8080, 1 << 20)
     with pytest.raises(Exception):
         s.queue_max = 4  # frozen: parsed once at the edge
@@ -29,5 +29,5 @@ def test_a_bad_setting_is_one_error_naming_the_variable(tmp_path, var, value):
     env = {"GEMMA4_ARTIFACT": str(tmp_path)} | {var: value}
     env = {k: v for k, v in env.items() if v is not None}
     with pytest.raises(SettingsError, match=f"^{var}") as info:
-        Settings.from_env(env)
+        ServerSettings.from_env(env)
     assert "\n" not in str(info.value)

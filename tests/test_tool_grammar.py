@@ -14,7 +14,7 @@ from gemma4_port.source.toy_tokenizer import train_tokenizer
 from runtime.api.chat import Tool
 from runtime.api.reply_parser import ReplyParser, ToolCall
 from runtime.api.tool_grammar import forced_calls
-from runtime.generate.grammar import Grammar, Grammars
+from runtime.generate.grammar import Grammar, GrammarCompiler
 
 PARAMS = {
     "type": "object",
@@ -63,7 +63,7 @@ def tok():
 
 @pytest.fixture(scope="module")
 def grammars(tok):
-    return Grammars(tok, vocab=1024, eos_ids=[1, *tok.convert_tokens_to_ids(["<turn|>", "<|tool_response>"])])
+    return GrammarCompiler(tok, vocab=1024, eos_ids=[1, *tok.convert_tokens_to_ids(["<turn|>", "<|tool_response>"])])
 
 
 def walk(tok, grammars, lark: str, seed: int, steps: int = 400) -> str:

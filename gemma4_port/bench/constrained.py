@@ -1,5 +1,6 @@
 """Host cost per decode step of constrained decoding and logprobs at the real vocabulary (262,144),
-next to a plain greedy step, with the runtime's own code (runtime.generate.logits.TokenChooser, runtime.generate.grammar).
+next to a plain greedy step, with the runtime's own code (runtime.generate.logits.TokenChooser,
+runtime.generate.grammar).
 
 The vocabulary is synthetic, shaped like a multilingual byte-level BPE one: word pieces with and
 without a leading space, numbers, punctuation runs, whitespace runs and CJK, Cyrillic, Arabic, Hangul
@@ -18,7 +19,7 @@ import torch
 
 from gemma4_port.bench.host_overhead import DEVICE_STEP_MS, logit_rows, real_geometry
 from gemma4_port.bench.stats import summary
-from runtime.generate.grammar import Grammar, Grammars
+from runtime.generate.grammar import Grammar, GrammarCompiler
 from runtime.generate.logits import Controls, TokenChooser, logprobs
 from runtime.generate.sampling import SamplingParams, sample
 
@@ -93,7 +94,9 @@ def synthetic_tokenizer(vocab: int, seed: int = 0):
     )
 
 
-def constrained_walk(grammars: Grammars, grammar: Grammar, rows: list[torch.Tensor], steps: int, cap: float | None):
+def constrained_walk(
+    grammars: GrammarCompiler, grammar: Grammar, rows: list[torch.Tensor], steps: int, cap: float | None
+):
     """Seconds per step: the mask alone (llguidance), and the whole choice (mask, masked row, argmax,
     matcher advance); plus how many outputs completed and parsed."""
     compiled = grammars.compile(grammar)
@@ -118,7 +121,7 @@ def constrained_walk(grammars: Grammars, grammar: Grammar, rows: list[torch.Tens
     return mask_s, step_s, done, parsed
 
 
-def _parses(grammars: Grammars, tokens: list[int]) -> bool:
+def _parses(grammars: GrammarCompiler, tokens: list[int]) -> bool:
     try:
         json.loads(grammars.tokenizer.decode_bytes(tokens))
         return True
@@ -134,7 +137,7 @@ def measure(steps: int, seed: int = 0) -> dict:
         r[0] for r in logit_rows("peaked", geo.vocab, torch.bfloat16 if geo.dtype == "bfloat16" else torch.float32, gen)
     ]
     t0 = time.perf_counter()
-    grammars = Grammars(synthetic_tokenizer(geo.vocab, seed), geo.vocab, EOS)
+    grammars = GrammarCompiler(synthetic_tokenizer(geo.vocab, seed), geo.vocab, EOS)
     setup_s = time.perf_counter() - t0
     out: dict = {
         "vocab": geo.vocab,

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from runtime.api.chat import Reply
 from runtime.api.errors import APIError
 from runtime.api.reply_parser import ReplyParser
-from runtime.generate.engine import Delta, Failed, Finished, Job
 from runtime.generate.logits import TokenLogprob
+from runtime.generate.sequence import Delta, Failed, Finished, Job
 
 TokenBytes = Callable[[int], bytes]  # a token id's own bytes (a byte-level piece may be part of a character)
 
@@ -73,7 +73,7 @@ def vllm_prompt_logprobs(entries, k: int, token_bytes: TokenBytes) -> list:
 
 
 @dataclass
-class Shape:
+class ResponseSpec:
     """How one request's response is shaped. `parser` makes a chat choice's reply parser (None: a
     text completion)."""
 
@@ -104,24 +104,24 @@ class _Choice:
     """One choice as it accumulates: the chat reply (or the completion's text), logprobs not yet
     shown, the finish, and the completions text offset."""
 
-    def __init__(self, shape: Shape, index: int, prompt: list[int]):
-        self.shape, self.index = shape, index
-        self.parser = shape.parser() if shape.chat else None
+    def __init__(self, spec: ResponseSpec, index: int, prompt: list[int]):
+        self.spec, self.index = spec, index
+        self.parser = spec.parser() if spec.chat else None
         self.reply = Reply()
-        self.text: list[str] = [shape.echo]
+        self.text: list[str] = [spec.echo]
         self.entries: list[TokenLogprob] = []  # every logprob (a whole response)
         self.pending: list[TokenLogprob] = []  # logprobs no chunk has carried yet (a stream)
         self.prompt = [TokenLogprob(prompt[0], None, ())]  # the prompt's logprobs (if asked for), as they come
         self.echoed = False  # a stream: the echo chunk went out
         # With the prompt's tokens in `logprobs`, the offsets run through them, as vLLM counts them.
-        self.offset = 0 if shape.echo_logprobs is not None else len(shape.echo)
+        self.offset = 0 if spec.echo_logprobs is not None else len(spec.echo)
         self.tokens = 0
         self.finish: str | None = None
 
     def deltas(self, text: str, end: bool = False) -> list[dict]:
         """What a piece of generated text adds: a chat delta per reply piece, or the completion text.
         At the end, what the chat parser still held."""
-        if not self.shape.chat:
+        if not self.spec.chat:
             self.text.append(text)
             return [{"text": text}] if text else []
         pieces = self.parser.feed(text) if text else []
@@ -137,25 +137,25 @@ class _Choice:
 
     def echoed_logprobs(self) -> list[TokenLogprob]:
         """The prompt's entries that `logprobs` shows before the generated ones (echo with logprobs)."""
-        k = self.shape.echo_logprobs
+        k = self.spec.echo_logprobs
         return [] if k is None else [dataclasses.replace(e, top=e.top[:k]) for e in self.prompt]
 
     def logprobs(self, entries) -> dict | None:
-        if not self.shape.logprobs:
+        if not self.spec.logprobs:
             return None
-        if self.shape.chat:
-            return chat_logprobs(entries, self.shape.token_bytes)
-        out, self.offset = completion_logprobs(entries, self.shape.token_bytes, self.offset)
+        if self.spec.chat:
+            return chat_logprobs(entries, self.spec.token_bytes)
+        out, self.offset = completion_logprobs(entries, self.spec.token_bytes, self.offset)
         return out
 
     def finish_reason(self, reason: str) -> str:
-        return self.reply.finish_reason(reason, self.shape.named_tool) if self.shape.chat else reason
+        return self.reply.finish_reason(reason, self.spec.named_tool) if self.spec.chat else reason
 
     def prompt_logprobs(self) -> list:
-        return vllm_prompt_logprobs(self.prompt, self.shape.prompt_logprobs, self.shape.token_bytes)
+        return vllm_prompt_logprobs(self.prompt, self.spec.prompt_logprobs, self.spec.token_bytes)
 
     def whole(self) -> dict:
-        body = {"message": self.reply.message()} if self.shape.chat else {"text": "".join(self.text)}
+        body = {"message": self.reply.message()} if self.spec.chat else {"text": "".join(self.text)}
         out = (
             {"index": self.index}
             | body
@@ -164,13 +164,13 @@ class _Choice:
                 "finish_reason": self.finish_reason(self.finish),
             }
         )
-        if self.shape.prompt_logprobs is not None and not self.shape.chat:  # vLLM: per choice in completions
+        if self.spec.prompt_logprobs is not None and not self.spec.chat:  # vLLM: per choice in completions
             out["prompt_logprobs"] = self.prompt_logprobs()
         return out
 
     def chunk(self, delta: dict | None, finish: str | None = None) -> dict:
         """One stream choice, carrying the logprobs that came since the last chunk."""
-        body = {"delta": delta or {}} if self.shape.chat else {"text": (delta or {}).get("text", "")}
+        body = {"delta": delta or {}} if self.spec.chat else {"text": (delta or {}).get("text", "")}
         entries, self.pending = self.pending, []
         lp = self.logprobs(entries) if entries else None
         return {"index": self.index} | body | {"logprobs": lp, "finish_reason": finish}
@@ -184,11 +184,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
     }
 
 
-def whole(job: Job, shape: Shape, n: int, runs: int | None = None, abandoned: Callable[[], bool] | None = None) -> dict:
+def whole(
+    job: Job, spec: ResponseSpec, n: int, runs: int | None = None, abandoned: Callable[[], bool] | None = None
+) -> dict:
     """The response body of a request that does not stream: every choice run to its end. With
     `runs` > n (best_of), the n runs of the highest cumulative logprob are the choices."""
     runs = runs or n
-    choices = [_Choice(shape, i, job.prompt) for i in range(runs)]
+    choices = [_Choice(spec, i, job.prompt) for i in range(runs)]
     for event in job.events(runs, abandoned):
         if isinstance(event, Failed):
             job.cancel()
@@ -207,29 +209,27 @@ def whole(job: Job, shape: Shape, n: int, runs: int | None = None, abandoned: Ca
         choices = sorted(choices, key=lambda c: -sum(e.logprob for e in c.entries))[:n]
         for i, c in enumerate(choices):
             c.index = i
-    extra = (
-        {"prompt_logprobs": choices[0].prompt_logprobs()} if shape.chat and shape.prompt_logprobs is not None else {}
-    )
-    return shape.envelope([c.whole() for c in choices], chunk=False, usage=usage(len(job.prompt), tokens), **extra)
+    extra = {"prompt_logprobs": choices[0].prompt_logprobs()} if spec.chat and spec.prompt_logprobs is not None else {}
+    return spec.envelope([c.whole() for c in choices], chunk=False, usage=usage(len(job.prompt), tokens), **extra)
 
 
 def sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def stream(job: Job, shape: Shape, n: int, include_usage: bool, continuous_usage: bool) -> Iterator[str]:
+def stream(job: Job, spec: ResponseSpec, n: int, include_usage: bool, continuous_usage: bool) -> Iterator[str]:
     """SSE chunks, then `data: [DONE]`. Leaving early (the client went away: the server closes this
     generator) cancels the job, which frees its slots."""
-    choices = [_Choice(shape, i, job.prompt) for i in range(n)]
+    choices = [_Choice(spec, i, job.prompt) for i in range(n)]
 
     def chunk(choice_list: list, **extra) -> str:
         if continuous_usage:
             extra = {"usage": usage(len(job.prompt), sum(c.tokens for c in choices))} | extra
-        return sse(shape.envelope(choice_list, chunk=True, **extra))
+        return sse(spec.envelope(choice_list, chunk=True, **extra))
 
     try:
         for c in choices:
-            if shape.chat:
+            if spec.chat:
                 yield chunk([c.chunk({"role": "assistant", "content": ""})])
         for event in job.events(n):
             if isinstance(event, Failed):
@@ -237,9 +237,9 @@ def stream(job: Job, shape: Shape, n: int, include_usage: bool, continuous_usage
                 return
             c = choices[event.index]
             c.take(event)
-            if shape.echo and not c.echoed:  # the prompt, with its logprobs if asked for, before any token
+            if spec.echo and not c.echoed:  # the prompt, with its logprobs if asked for, before any token
                 c.echoed, generated, c.pending = True, c.pending, c.echoed_logprobs()
-                yield chunk([c.chunk({"text": shape.echo})])
+                yield chunk([c.chunk({"text": spec.echo})])
                 c.pending = generated
             end = isinstance(event, Finished)
             for delta in c.deltas(event.text if not end else "", end=end):
@@ -247,7 +247,7 @@ def stream(job: Job, shape: Shape, n: int, include_usage: bool, continuous_usage
             if end:
                 yield chunk([c.chunk(None, c.finish_reason(event.reason))])
         if include_usage:
-            yield sse(shape.envelope([], chunk=True, usage=usage(len(job.prompt), sum(c.tokens for c in choices))))
+            yield sse(spec.envelope([], chunk=True, usage=usage(len(job.prompt), sum(c.tokens for c in choices))))
         yield sse("[DONE]")
     finally:
         job.cancel()

@@ -2,9 +2,9 @@
 
 A `Grammar` says what the output must match: a JSON schema, any JSON object, a regex, one of a list
 of strings, or an arbitrary Lark grammar (llguidance's dialect: `<name>` is a special token by its
-string, `<[id]>` by its id, `%json {...}` embeds a schema). `Grammars` is built once per tokenizer
+string, `<[id]>` by its id, `%json {...}` embeds a schema). `GrammarCompiler` is built once per tokenizer
 (llguidance reads the vocabulary from the `tokenizers` JSON; ~2.6 s at 262,144 ids) and checks
-grammars and makes matchers. A `Matcher` gives each decode step a boolean mask over the vocabulary
+grammars and makes matchers. A `GrammarMatcher` gives each decode step a boolean mask over the vocabulary
 and consumes the sampled token; the end-of-generation ids are allowed exactly when the grammar may
 stop, so a constrained output always ends where the grammar lets it.
 
@@ -78,7 +78,7 @@ class Grammar:
         return LLMatcher.grammar_from_lark(self.source)
 
 
-class Grammars:
+class GrammarCompiler:
     """llguidance's view of one tokenizer; makes a matcher per request."""
 
     def __init__(self, tokenizer, vocab: int, eos_ids: Sequence[int]):
@@ -101,15 +101,15 @@ class Grammars:
             raise GrammarError(error)
         return text
 
-    def matcher(self, grammar: Grammar | str) -> Matcher:
+    def matcher(self, grammar: Grammar | str) -> GrammarMatcher:
         """A fresh matcher; `grammar` is a Grammar or the string `compile` returned."""
-        return Matcher(self, grammar if isinstance(grammar, str) else self.compile(grammar))
+        return GrammarMatcher(self, grammar if isinstance(grammar, str) else self.compile(grammar))
 
 
-class Matcher:
+class GrammarMatcher:
     """One generation's place in its grammar."""
 
-    def __init__(self, grammars: Grammars, compiled: str):
+    def __init__(self, grammars: GrammarCompiler, compiled: str):
         from llguidance import LLMatcher
 
         self.vocab = grammars.vocab
@@ -144,9 +144,9 @@ class Matcher:
         """The grammar is complete and admits nothing more (only an end-of-generation id is allowed)."""
         return self._m.is_stopped()
 
-    def fork(self) -> Matcher:
+    def fork(self) -> GrammarMatcher:
         """An independent copy at the same place (n > 1 choices after a shared prompt)."""
-        twin = object.__new__(Matcher)
+        twin = object.__new__(GrammarMatcher)
         twin.vocab, twin._m = self.vocab, self._m.deep_copy()
         twin._bits = np.zeros_like(self._bits)
         return twin
@@ -160,16 +160,16 @@ def _unpack(bits: np.ndarray, vocab: int) -> np.ndarray:
     return np.unpackbits(bits.view(np.uint8), bitorder="little")[:vocab].view(bool)
 
 
-class LazyGrammars:
-    """`Grammars` made on first use (a server whose clients never constrain never pays for it)."""
+class LazyGrammarCompiler:
+    """`GrammarCompiler` made on first use (a server whose clients never constrain never pays for it)."""
 
     def __init__(self, tokenizer, vocab: int, eos_ids: Sequence[int]):
         self._args = (tokenizer, vocab, eos_ids)
-        self._made: Grammars | None = None
+        self._made: GrammarCompiler | None = None
         self._lock = threading.Lock()
 
-    def get(self) -> Grammars:
+    def get(self) -> GrammarCompiler:
         with self._lock:
             if self._made is None:
-                self._made = Grammars(*self._args)
+                self._made = GrammarCompiler(*self._args)
             return self._made

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from runtime.generate.grammar import Matcher
+from runtime.generate.grammar import GrammarMatcher
 from runtime.generate.sampling import SamplingParams, distribution, draw, row_weights, sample, softcap, top_candidates
 
 
@@ -98,7 +98,9 @@ class TokenChooser:
     """One generation's state for choosing tokens: the ids it generated and how often (penalties), its
     prompt (repetition penalty), and its grammar matcher."""
 
-    def __init__(self, controls: Controls, prompt: list[int], eos_ids: tuple[int, ...], matcher: Matcher | None = None):
+    def __init__(
+        self, controls: Controls, prompt: list[int], eos_ids: tuple[int, ...], matcher: GrammarMatcher | None = None
+    ):
         self.controls = controls
         self.matcher = matcher
         # What min_tokens holds back: every id that would end the generation.

@@ -12,19 +12,20 @@ from runtime.api import errors
 from runtime.api.errors import APIError
 from runtime.api.routes import bp as openai_bp
 from runtime.api.routes import vllm_bp
+from runtime.api.state import ServerState, install
 from runtime.generate.engine import Engine, State
-from runtime.settings import Settings
+from runtime.settings import ServerSettings
 
 OPEN_PATHS = ("/health", "/ready", "/metrics")  # probes and scrapers need no key
 
 
-def create_app(config: Settings, engine: Engine | None = None) -> Flask:
+def create_app(config: ServerSettings, engine: Engine | None = None) -> Flask:
     """`engine`: an engine to share (tests); by default a new one starts loading in the background."""
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.json.sort_keys = False
     eng = engine or Engine(config).start()
-    app.extensions["gemma4_engine"] = eng
+    install(app, ServerState(eng))
     errors.register(app)
     app.register_blueprint(openai_bp)
     app.register_blueprint(vllm_bp)

@@ -30,6 +30,7 @@ from gunicorn.http import get_parser
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from runtime.api.errors import APIError
+from runtime.api.state import server_state
 
 HEADER_TIMEOUT_S = 10.0  # connect (or a kept-alive connection's next byte) to the end of the head
 BODY_TIMEOUT_S = 30.0  # end of the head to the end of the body (1 MiB at >= 35 kB/s)
@@ -170,7 +171,7 @@ class ReadAheadWorker(ThreadWorker):
             self.method_queue.defer(lambda: None)  # wake the main loop, which starts the drain
 
     def _drain_step(self) -> None:
-        engine = self.wsgi.extensions["gemma4_engine"]
+        engine = server_state(self.wsgi).engine
         engine.drain()
         if engine.idle or time.monotonic() > self.drain_deadline:
             self.alive = False

@@ -7,11 +7,11 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from runtime.generate.engine import Engine, State
-from runtime.settings import Settings
+from runtime.settings import ServerSettings
 
 
 @contextmanager
-def running(settings: Settings) -> Iterator[Engine]:
+def running(settings: ServerSettings) -> Iterator[Engine]:
     engine = Engine(settings).start()
     try:
         yield engine
@@ -20,7 +20,7 @@ def running(settings: Settings) -> Iterator[Engine]:
 
 
 @contextmanager
-def ready(settings: Settings, timeout: float = 300) -> Iterator[Engine]:
+def ready(settings: ServerSettings, timeout: float = 300) -> Iterator[Engine]:
     """A running engine that came up READY (loaded and self-tested), or the test fails with its reason."""
     with running(settings) as engine:
         assert engine.wait(timeout) is State.READY, engine.reason

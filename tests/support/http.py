@@ -10,7 +10,7 @@ import openai
 import pytest
 
 from runtime.http.app import create_app
-from runtime.settings import Settings
+from runtime.settings import ServerSettings
 from support.engines import ready
 
 CHAT = "/v1/chat/completions"
@@ -22,7 +22,7 @@ HI = [{"role": "user", "content": "Capital of France?"}]
 @pytest.fixture(scope="module")
 def engine(compiled):
     """Batch 1, a queue of one: a third concurrent request is refused."""
-    with ready(Settings(artifact=compiled("tiny-e2b", "fp32"), queue_max=1)) as eng:
+    with ready(ServerSettings(artifact=compiled("tiny-e2b", "fp32"), queue_max=1)) as eng:
         yield eng
 
 

@@ -1,0 +1,208 @@
+"""What every generating route does with a request: read and validate its body, check the model it
+names and that its prompt can fit, compile its output constraint, submit it to the engine as Jobs (one
+per choice) and answer, streamed (SSE) or whole. A request becomes Jobs only once its prompt and
+max_tokens are known to fit and its grammar compiles."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import socket
+from collections.abc import Callable, Iterator
+from typing import TypeVar
+
+from flask import Response, current_app, jsonify, request
+from jinja2 import TemplateError
+from pydantic import BaseModel
+from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
+
+from runtime.api.bodies import ResponseSpec, stream, whole
+from runtime.api.chat import ChatTemplateError
+from runtime.api.errors import APIError
+from runtime.api.protocol import GenerationRequest, StreamOptions, ignored_fields
+from runtime.api.state import server_state
+from runtime.generate.engine import Engine, NotReady, QueueFull, State
+from runtime.generate.grammar import Grammar, GrammarError
+from runtime.generate.sequence import DoesNotFit, Job, token_budget
+
+log = logging.getLogger("gemma4.api")
+
+RETRY_AFTER_S = "1"
+Body = TypeVar("Body", bound=BaseModel)
+
+
+def ready_engine() -> Engine:
+    eng = server_state().engine
+    if eng.state is not State.READY:
+        retry = {"Retry-After": "5"} if eng.state is not State.FAILED else {}
+        raise APIError(
+            503, f"the model is not ready ({eng.state.value}: {eng.reason})", code="not_ready", headers=retry
+        )
+    return eng
+
+
+def parse(model: type[Body]) -> Body:
+    """The request's body as `model`; the fields it ignores are logged once per name."""
+    body = model.model_validate_json(read_body())
+    state = server_state()
+    for name in ignored_fields(body):
+        if state.first_time_ignored(name):
+            log.warning("request field %r is not supported and is ignored (logged once)", name)
+    return body
+
+
+def read_body() -> bytes:
+    """The whole body, at most MAX_CONTENT_LENGTH bytes (413 beyond, chunked or not: werkzeug stops a
+    chunked body at the limit without a word, so one byte more is asked for)."""
+    try:
+        data = request.get_data()  # a Content-Length over the limit is a 413 before any byte is read
+        if (
+            request.content_length is None
+            and len(data) >= current_app.config["MAX_CONTENT_LENGTH"]
+            and request.environ["wsgi.input"].read(1)
+        ):
+            raise RequestEntityTooLarge()
+        return data
+    except HTTPException:
+        raise
+    except TimeoutError as exc:
+        raise APIError(408, str(exc), code="request_timeout") from None
+    except Exception as exc:  # the server's parser refused the body's framing (a bad chunk size ...)
+        raise APIError(400, f"the request body could not be read: {exc}", code="invalid_body") from None
+
+
+def check_model(eng: Engine, model: str | None) -> None:
+    """A request naming a model names this server's (None: it named none, where that is allowed)."""
+    if model is not None and model != eng.model_name:
+        raise APIError(
+            404,
+            f"model {model!r} does not exist; this server serves {eng.model_name!r}",
+            param="model",
+            code="model_not_found",
+        )
+
+
+@contextlib.contextmanager
+def template_errors() -> Iterator[None]:
+    """A chat template's refusal (of the server's own checks or of the model's template) as a 400."""
+    try:
+        yield
+    except ChatTemplateError as exc:
+        raise APIError(400, f"{exc.param}: {exc}", param=exc.param, code="invalid_value") from None
+    except TemplateError as exc:
+        raise APIError(400, f"messages: the model's chat template refused them: {exc}", param="messages") from None
+
+
+@functools.lru_cache(maxsize=4)
+def chars_per_token(tokenizer) -> int:
+    """The most characters one token of this tokenizer stands for (its longest vocabulary entry), so a
+    text of more than `tokens * chars_per_token` characters cannot be `tokens` tokens or fewer."""
+    return max(len(t) for t in tokenizer.get_vocab())
+
+
+def check_size(eng: Engine, texts: list[str], param: str) -> None:
+    """Refuse what cannot fit before templating or tokenizing it (a 1 MB prompt took ~1 s of CPU to
+    find out): at least one token per message, at most chars_per_token characters per token."""
+    most = eng.geometry.kv_max - 1  # the longest prompt: one position stays for the first new token
+    if len(texts) > most:
+        raise APIError(
+            400,
+            f"{len(texts)} messages are more than a prompt of this model ({most} tokens at most) can hold",
+            param=param,
+            code="context_length_exceeded",
+        )
+    chars = sum(map(len, texts))
+    if chars > most * chars_per_token(eng.tokenizer):
+        raise APIError(
+            400,
+            f"the prompt has {chars} characters; a prompt of this model holds at most {most} "
+            f"tokens of at most {chars_per_token(eng.tokenizer)} characters each; prompts are "
+            "never truncated",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
+def compile_grammar(eng: Engine, body: GenerationRequest, imposed: tuple[str, Grammar] | None = None) -> str | None:
+    """The request's output constraint compiled for the engine; `imposed` is one the server imposes
+    (a tool call), named by the field that asked for it."""
+    asked = body.grammar()
+    if asked is not None and imposed is not None:
+        raise APIError(400, f"{asked[0]}: cannot be combined with {imposed[0]}", param=asked[0], code="invalid_value")
+    asked = asked or imposed
+    if asked is None:
+        return None
+    param, grammar = asked
+    try:
+        return eng.grammars.get().compile(grammar)
+    except GrammarError as exc:
+        raise APIError(
+            400, f"{param}: the grammar engine refused it: {exc}", param=param, code="invalid_value"
+        ) from None
+
+
+def submit(
+    eng: Engine,
+    body: GenerationRequest,
+    prompt: list[int],
+    max_tokens: int | None,
+    param: str,
+    default: int | None = None,
+    skip_special_tokens: bool = True,
+    imposed: tuple[str, Grammar] | None = None,
+) -> Job:
+    try:
+        budget = token_budget(eng.geometry, len(prompt), max_tokens, default)
+    except DoesNotFit as exc:
+        raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
+    job = Job(
+        prompt,
+        budget,
+        body.sampling(),
+        body.stop or (),
+        body.seed,
+        controls=body.controls(eng.geometry.vocab),
+        grammar=compile_grammar(eng, body, imposed),
+        skip_special_tokens=skip_special_tokens,
+        prompt_logprobs=body.prompt_alternatives(),
+    )
+    try:
+        return eng.submit(job, body.runs())
+    except QueueFull as exc:
+        raise APIError(503, str(exc), code="queue_full", headers={"Retry-After": RETRY_AFTER_S}) from None
+    except NotReady as exc:  # it began to drain or failed since ready_engine()
+        raise APIError(503, str(exc), code="not_ready", headers={"Retry-After": RETRY_AFTER_S}) from None
+
+
+def token_bytes(eng: Engine) -> Callable[[int], bytes]:
+    return lambda tid: eng.grammars.get().tokenizer.decode_bytes([tid])
+
+
+def client_gone(environ) -> Callable[[], bool]:
+    """Whether the client closed its connection while a whole answer is being made: its socket (which
+    gunicorn hands the app) reads as closed. A stream notices by failing to write instead."""
+    sock = environ.get("gunicorn.socket")
+
+    def gone() -> bool:
+        if sock is None:
+            return False
+        try:
+            return sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError:
+            return True
+
+    return gone
+
+
+def respond(job: Job, body: GenerationRequest, spec: ResponseSpec) -> Response:
+    if body.stream:
+        opts = body.stream_options or StreamOptions()
+        return Response(
+            stream(job, spec, body.n, opts.include_usage, opts.continuous_usage_stats),
+            mimetype="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    return jsonify(whole(job, spec, body.n, body.runs(), abandoned=client_gone(request.environ)))

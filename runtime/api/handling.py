@@ -68,7 +68,7 @@ def read_body() -> bytes:
         raise
     except TimeoutError as exc:
         raise APIError(408, str(exc), code="request_timeout") from None
-    except Exception as exc:  # the server's parser refused the body's framing (a bad chunk size ...)
+    except Exception as exc:  # noqa: BLE001 - the server's parser refused the body's framing (a bad chunk size ...)
         raise APIError(400, f"the request body could not be read: {exc}", code="invalid_body") from None
 
 

@@ -11,7 +11,7 @@ import logging
 import queue
 import threading
 import time
-from enum import Enum
+from enum import StrEnum
 
 from contract.artifact import Geometry
 from contract.errors import Gemma4Error
@@ -30,7 +30,7 @@ log = logging.getLogger("gemma4.engine")
 STUCK_AFTER_S = 60.0
 
 
-class State(str, Enum):
+class State(StrEnum):
     LOADING = "loading"
     SELF_TEST = "self-test"
     READY = "ready"

@@ -25,11 +25,29 @@ ENV = {
     "port": "GEMMA4_PORT",
     "prefix_reuse": "GEMMA4_PREFIX_REUSE",
     "prefill_chunks_per_step": "GEMMA4_PREFILL_CHUNKS_PER_STEP",
+    "schema_max_depth": "GEMMA4_SCHEMA_MAX_DEPTH",
+    "schema_max_ref_depth": "GEMMA4_SCHEMA_MAX_REF_DEPTH",
+    "schema_max_rules": "GEMMA4_SCHEMA_MAX_RULES",
 }
 
 
 class SettingsError(Gemma4Error, ValueError):
     pass
+
+
+class GrammarLimits(BaseModel):
+    """What a request's grammar may cost before the grammar engine's native code sees it: every refusal
+    names the cap and its variable. One place for all of them (ServerSettings.grammar_limits)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    schema_max_depth: int = Field(default=64, ge=1, le=1024)  # schema nesting levels, $ref hops included
+    schema_max_ref_depth: int = Field(default=32, ge=1, le=1024)  # $refs followed on one path
+    schema_max_rules: int = Field(default=4096, ge=16, le=1 << 20)  # grammar rules made from a request's tools
+
+    def refusal(self, field: str, what: str) -> str:
+        """`what`, then the cap that refused it and how to raise it."""
+        return f"{what}: the limit is {getattr(self, field)} ({ENV[field]})"
 
 
 class ServerSettings(BaseModel):
@@ -45,6 +63,7 @@ class ServerSettings(BaseModel):
     prefill_chunks_per_step: int = Field(default=1, ge=0)  # prompt chunks between decode steps; 0 = whole prompts
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=1, le=65535)
+    grammar_limits: GrammarLimits = GrammarLimits()  # its fields are read from their own variables
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> ServerSettings:
@@ -53,12 +72,13 @@ class ServerSettings(BaseModel):
                 f"{ENV['artifact']} is not set: point it at an artifact directory from `build.py compile`"
             )
         # An empty variable means "unset": the default applies (and an empty API key is no key).
-        raw = {field: environ[var] for field, var in ENV.items() if environ.get(var, "") != ""}
+        raw: dict = {field: environ[var] for field, var in ENV.items() if environ.get(var, "") != ""}
+        raw["grammar_limits"] = {f: raw.pop(f) for f in GrammarLimits.model_fields if f in raw}
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
             err = exc.errors()[0]
-            var = ENV[str(err["loc"][0])]
+            var = ENV[str(err["loc"][-1] if err["loc"][0] == "grammar_limits" else err["loc"][0])]
             raise SettingsError(f"{var}={environ.get(var)!r}: {err['msg']}") from None
 
 

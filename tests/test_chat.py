@@ -5,10 +5,21 @@ through Flask's client and the official `openai` client."""
 from __future__ import annotations
 
 import json
+import time
+from typing import Literal
 
 import pytest
+from pydantic import BaseModel, Field
 
-from runtime.api.chat import ChatTemplateError, Message, Tool, render, template_kwargs
+from runtime.api.chat import (
+    ChatTemplateError,
+    Message,
+    Tool,
+    render,
+    template_kwargs,
+    template_messages,
+    tool_names,
+)
 from runtime.http.app import create_app
 from runtime.settings import ServerSettings
 from support.engines import ready
@@ -73,22 +84,12 @@ def sse(resp) -> list[dict]:
 
 
 def prompt_len(engine, messages, tools=None, **kw) -> int:
-    """What the template makes of the messages, decoded arguments and all, counted independently."""
-    decoded = [
-        m
-        | {
-            "tool_calls": [
-                c | {"function": c["function"] | {"arguments": json.loads(c["function"]["arguments"])}}
-                for c in m["tool_calls"]
-            ]
-        }
-        if m.get("tool_calls")
-        else m
-        for m in messages
-    ]
+    """What the template makes of the messages, converted as the server converts them, counted independently."""
+    parsed = [Message.model_validate(m) for m in messages]
+    converted = template_messages(parsed, tool_names(None, parsed))
     return len(
         engine.tokenizer.apply_chat_template(
-            decoded, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **kw
+            converted, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False, **kw
         )
     )
 
@@ -123,7 +124,8 @@ def test_a_tool_result_follow_up_renders_the_calls_and_results(client, engine):
         ({"messages": [ASK, BAD_ARGUMENTS, RESULT]}, "messages.1.tool_calls.0.function.arguments"),
         ({"messages": [ASK, {"role": "tool", "content": "x"}]}, "messages.1.tool_call_id"),
         ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-        ({"tools": [{"type": "function", "function": {"name": "get-weather"}}]}, "tools.0.function"),
+        ({"tools": [{"type": "function", "function": {"name": "get.weather"}}]}, "tools.0.function"),
+        ({"messages": [ASK, RESULT]}, "messages.1"),
         ({"tool_choice": "sometimes"}, "tool_choice"),
         ({"chat_template_kwargs": {"enable_thinking": 1}}, "chat_template_kwargs.enable_thinking"),
     ],
@@ -146,18 +148,22 @@ THINK_AFTER_RESULT = {
 
 
 def test_reasoning_is_separated_whole_and_streamed(client, engine):
-    """Thinking after a tool result: the prompt opens the thought channel, so what the model writes
-    until <channel|> is reasoning, never content."""
-    whole = client.post(CHAT, json=THINK_AFTER_RESULT).get_json()
+    """Thinking after a tool result: the prompt ends at the result (the model's turn goes on, as the
+    checkpoints' template leaves it), and what the model writes in <|channel>thought ... <channel|> is
+    reasoning, the rest content. A grammar makes the random model write both."""
+    soc, eoc = engine.tokenizer.convert_tokens_to_ids(["<|channel>", "<channel|>"])
+    grammar = f'start: <[{soc}]> "thought\\n" /[a-z]{{3,12}}/ <[{eoc}]> /[a-z]{{1,6}}/'
+    body = THINK_AFTER_RESULT | {"guided_grammar": grammar, "max_tokens": 40}
+    whole = client.post(CHAT, json=body).get_json()
     message = whole["choices"][0]["message"]
     assert whole["usage"]["prompt_tokens"] == prompt_len(engine, [ASK, CALLED, RESULT], [WEATHER], enable_thinking=True)
-    assert message["reasoning_content"] and not message["content"]
-    events = sse(client.post(CHAT, json=THINK_AFTER_RESULT | {"stream": True}))
+    assert message["reasoning_content"].isalpha() and message["content"].isalpha(), message
+    events = sse(client.post(CHAT, json=body | {"stream": True}))
     deltas = [e["choices"][0]["delta"] for e in events if e["choices"]]
     assert "".join(d.get("reasoning_content", "") for d in deltas) == message["reasoning_content"]
-    assert not any(d.get("content") for d in deltas[1:])
+    assert "".join(d.get("content") or "" for d in deltas) == message["content"]
     # vLLM's spelling of the switch renders the same prompt.
-    same = client.post(CHAT, json=THINK_AFTER_RESULT | {"chat_template_kwargs": {"thinking": True}}).get_json()
+    same = client.post(CHAT, json=body | {"chat_template_kwargs": {"thinking": True}}).get_json()
     assert same["usage"] == whole["usage"] and same["choices"][0]["message"] == message
 
 
@@ -258,3 +264,127 @@ def test_an_agent_library_sized_prompt_fits(client):
     resp = client.post(CHAT, json={"model": MODEL, "messages": messages, "max_tokens": 2, "temperature": 0})
     assert resp.status_code == 200, resp.get_data(as_text=True)
     assert resp.get_json()["usage"]["prompt_tokens"] >= 700
+
+
+# -- tool names and schemas as clients send them -----------------------------------------------------
+READ = {
+    "type": "function",
+    "function": {
+        "name": "read-file",
+        "description": "Read a file",
+        "parameters": {
+            "type": "object",
+            "properties": {"file-path": {"type": "string", "maxLength": 8}},
+            "required": ["file-path"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_a_hyphenated_tool_is_declared_called_and_answered_under_an_alias(engine):
+    """The prompt carries the alias everywhere the name appears; the key is written bare, as is."""
+    call = {"id": "c1", "type": "function", "function": {"name": "read-file", "arguments": '{"file-path": "a.txt"}'}}
+    history = [
+        ASK,
+        {"role": "assistant", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "c1", "content": "hi"},
+    ]
+    msgs = [Message.model_validate(m) for m in history]
+    text = render(engine.tokenizer, msgs, [Tool.model_validate(READ)], "auto", None)
+    assert "declaration:read_file{" in text and "call:read_file{file-path:" in text
+    assert "response:read_file{" in text and "read-file" not in text
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_hyphenated_names_and_keys_reach_the_client_as_declared(oai, seed):
+    kw = {
+        "model": MODEL,
+        "messages": [ASK],
+        "tools": [READ],
+        "tool_choice": "required",
+        "max_tokens": 48,
+        "temperature": 1.0,
+        "seed": seed,
+    }
+    first = oai.chat.completions.create(**kw).choices[0]
+    assert first.finish_reason == "tool_calls" and first.message.content is None
+    [call] = first.message.tool_calls
+    assert call.function.name == "read-file" and list(json.loads(call.function.arguments)) == ["file-path"]
+    with oai.chat.completions.stream(**kw) as stream:
+        final = stream.get_final_completion().choices[0]
+    assert [(c.function.name, c.function.arguments) for c in final.message.tool_calls] == [
+        (call.function.name, call.function.arguments)
+    ]
+
+
+class Inner(BaseModel):
+    x: int
+    label: Literal["a", "b"] | None = None
+
+
+class Lookup(BaseModel):
+    inner: Inner
+    many: list[Inner] = Field(default_factory=list, max_length=2)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_nested_models_are_followed_through_their_refs(oai, seed):
+    """pydantic's nested models arrive as $ref into $defs; the call follows them, sampled at T=1."""
+    tool = {"type": "function", "function": {"name": "lookup", "parameters": Lookup.model_json_schema()}}
+    reply = oai.chat.completions.create(
+        model=MODEL,
+        messages=[ASK],
+        tools=[tool],
+        tool_choice={"type": "function", "function": {"name": "lookup"}},
+        max_tokens=160,
+        temperature=1.0,
+        seed=seed,
+    )
+    [call] = reply.choices[0].message.tool_calls
+    Lookup.model_validate_json(call.function.arguments)
+    assert set(json.loads(call.function.arguments)["inner"]) <= {"x", "label"}
+
+
+def test_an_empty_strict_object_gives_empty_arguments(oai):
+    empty = {"type": "object", "properties": {}, "additionalProperties": False}
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": empty}}
+    for seed in range(3):
+        reply = oai.chat.completions.create(
+            model=MODEL, messages=[ASK], tools=[tool], tool_choice="required", max_tokens=16, temperature=1.0, seed=seed
+        )
+        choice = reply.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        assert [(c.function.name, c.function.arguments) for c in choice.message.tool_calls] == [("get_time", "{}")]
+
+
+def nested_types(levels: int, kinds: int) -> dict:
+    schema: dict = {"type": "string", "maxLength": 2}
+    for _ in range(levels):
+        schema = {"type": ["object"] * kinds, "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
+def test_a_branching_schema_builds_a_small_grammar_at_once(client):
+    """Eight levels of six-way type lists (under a kilobyte) once grew the worker without bound."""
+    tool = {"type": "function", "function": {"name": "f", "parameters": nested_types(8, 6)}}
+    body = {"model": MODEL, "messages": [ASK], "tools": [tool], "tool_choice": "required", "max_tokens": 40}
+    start = time.perf_counter()
+    resp = client.post(CHAT, json=body | {"temperature": 0})
+    assert resp.status_code == 200, resp.get_data(as_text=True)
+    assert time.perf_counter() - start < 20  # the reply itself, on the CPU model; the grammar takes ~1 ms
+    [call] = resp.get_json()["choices"][0]["message"]["tool_calls"]
+    depth, args = 0, json.loads(call["function"]["arguments"])
+    while isinstance(args, dict):
+        args, depth = args["a"], depth + 1
+    assert depth == 8 and isinstance(args, str)
+
+
+def test_a_schema_past_a_cap_gets_a_400_naming_it(client):
+    tool = {"type": "function", "function": {"name": "f", "parameters": nested_types(80, 1)}}
+    body = {"model": MODEL, "messages": [ASK], "tools": [tool], "tool_choice": "required", "max_tokens": 4}
+    resp = client.post(CHAT, json=body)
+    assert resp.status_code == 400
+    error = resp.get_json()["error"]
+    assert error["param"].startswith("tools.0.function.parameters") and "GEMMA4_SCHEMA_MAX_DEPTH" in error["message"]
+    assert len(resp.get_data()) < 2048

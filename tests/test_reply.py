@@ -127,7 +127,6 @@ def test_the_checkpoints_response_schema_agrees(reply, reasoning, content, calls
     [
         f"<|tool_call>call:f{{a:{Q}unterminated}}<tool_call|>",
         "<|tool_call>call:f{a:}<tool_call|>",
-        "<|tool_call>call:f{user-id:1}<tool_call|>",  # keys outside \w: not in the dialect transformers parses
         "<|tool_call>call:f[1,2]<tool_call|>",
         "<|tool_call>call:f{n:1e999}<tool_call|>",  # JSON has no infinity
     ],
@@ -135,6 +134,12 @@ def test_the_checkpoints_response_schema_agrees(reply, reasoning, content, calls
 def test_a_malformed_call_is_content_not_an_error(tok, prompt, reply):
     reasoning, content, calls = split(tok, prompt, reply)
     assert calls == [] and content.startswith("call:f") and "<|" not in content
+
+
+def test_keys_of_any_characters_are_read_back_as_the_template_writes_them(tok, prompt):
+    """The template writes keys bare whatever they hold; only Gemma's own delimiters cannot be in one."""
+    reply = f"<|tool_call>call:f{{user-id:1,a b.c:{{x$:[{Q}k:v,w{Q}]}},é:true}}<tool_call|>"
+    assert split(tok, prompt, reply)[2] == [("f", {"user-id": 1, "a b.c": {"x$": ["k:v,w"]}, "é": True})]
 
 
 def test_special_tokens_never_reach_the_client_unless_asked(tok, prompt):
@@ -153,19 +158,28 @@ def test_the_prompt_sets_the_starting_region():
     # The larger checkpoints' empty thought block in the prompt: the reply is content.
     prompt = large.apply_chat_template(HI, tokenize=False, add_generation_prompt=True)
     assert split(large, prompt, "Hello.") == ("", "Hello.", [])
-    # Thinking after a tool result: the prompt opened the thought channel, the model continues it.
-    msgs = HI + [
-        {"role": "assistant", "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": {}}}]},
-        {"role": "tool", "tool_call_id": "a", "content": "ok"},
-    ]
-    prompt = large.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True, enable_thinking=True)
-    assert prompt.endswith("<|channel>thought\n")
-    assert split(large, prompt, "It worked.<channel|>Done.") == ("It worked.", "Done.", [])
+    # Thinking after a tool result: the prompt ends at the result, the model's turn goes on, and what it
+    # writes in the thought channel is reasoning.
+    answered = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"id": "a", "function": {"name": "f", "arguments": {}}}],
+        "tool_responses": [{"name": "f", "response": "ok"}],
+    }
+    prompt = large.apply_chat_template(
+        HI + [answered], tokenize=False, add_generation_prompt=True, enable_thinking=True
+    )
+    assert prompt.endswith("<tool_response|>")
+    assert split(large, prompt, "<|channel>thought\nIt worked.<channel|>Done.") == ("It worked.", "Done.", [])
 
 
-# JSON the chat template can carry: identifier keys (the parser's dialect), no <|"|> inside strings
-# (it is the delimiter), and not the two control characters transformers' dialect reserves.
-KEYS = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,11}", fullmatch=True)
+# JSON the chat template can carry: keys of any characters but Gemma's delimiters (`:,{}[]`), names of
+# word characters, no <|"|> inside strings (it is the delimiter), and not the two control characters
+# transformers' dialect reserves; no special token's text.
+NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,11}", fullmatch=True)
+KEYS = st.text(
+    st.characters(blacklist_categories=("Cs",), blacklist_characters=":,{}[]\x01\x02"), min_size=1, max_size=12
+).filter(lambda s: "<|" not in s and "|>" not in s)
 TEXT = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x01\x02"), max_size=30).filter(
     lambda s: Q not in s
 )
@@ -178,9 +192,10 @@ VALUES = st.recursive(
 
 
 @settings(max_examples=150, deadline=None)
-@given(args=st.dictionaries(KEYS, VALUES, max_size=5), name=KEYS)
+@given(args=st.dictionaries(KEYS, VALUES, max_size=5), name=NAMES)
 def test_round_trip_json_gemma_json(tok, args, name):
     call = {"role": "assistant", "tool_calls": [{"id": "a", "function": {"name": name, "arguments": args}}]}
     text = tok.apply_chat_template(HI + [call], tokenize=False)
     prefix, reply = text.split("<|turn>model\n")
+    reply = reply.removesuffix("\n")  # the model stops at <turn|>; the template goes on to the next line
     assert split(tok, prefix + "<|turn>model\n", reply, by_token=False) == ("", "", [(name, args)])

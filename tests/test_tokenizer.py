@@ -12,7 +12,7 @@ from jinja2 import TemplateError
 from gemma4_port.source.checkpoint import resolve_checkpoint
 from gemma4_port.source.manifest import load_manifest
 from gemma4_port.source.toy_tokenizer import RESPONSE_SCHEMA, SPECIAL_TOKENS, train_tokenizer
-from support import MANIFESTS
+from support import GOLDEN, MANIFESTS
 
 Q = '<|"|>'
 WEATHER = {
@@ -84,7 +84,7 @@ def test_control_tokens_are_special_and_never_split(small):
         (
             [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
             {"enable_thinking": True},
-            "<bos><|turn>system\n<|think|>\nBe brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n",
+            "<bos><|turn>system\n<|think|>Be brief.<turn|>\n<|turn>user\nHi<turn|>\n<|turn>model\n",
         ),
         (
             [
@@ -107,57 +107,47 @@ def test_template_renders_the_documented_turns(small, messages, kw, expected):
 
 
 def test_tool_call_and_result_continue_one_model_turn(small):
+    """Messages as the server hands them over: results on the model's message (`tool_responses`)."""
     head = f"<bos><|turn>system\n{DECLARATION}<turn|>\n<|turn>user\nWeather in Paris?<turn|>\n<|turn>model\n"
     call = f"<|tool_call>call:get_weather{{city:{Q}Paris{Q}}}<tool_call|>"
-    # The call alone: the turn ends where the model stopped, at <|tool_response>.
-    assert render(small, [ASK, CALL], tools=[WEATHER], add_generation_prompt=False) == head + call + "<|tool_response>"
-    # With its result the model continues the same turn: no new <|turn>model.
+    # The call alone closes the turn, as the checkpoints' template does.
+    assert render(small, [ASK, CALL], tools=[WEATHER], add_generation_prompt=False) == head + call + "<turn|>\n"
+    # With its result and no answer the turn stays open, and the generation prompt continues it.
+    answered = CALL | {"tool_responses": [{"name": "get_weather", "response": "sunny, 21 C"}]}
     result = f"<|tool_response>response:get_weather{{value:{Q}sunny, 21 C{Q}}}<tool_response|>"
-    assert render(small, [ASK, CALL, RESULT], tools=[WEATHER]) == head + call + result
-    # With thinking on, the generation prompt opens the thought channel after the result.
-    thinking = render(small, [ASK, CALL, RESULT], tools=[WEATHER], enable_thinking=True)
-    assert thinking.endswith(result + "<|channel>thought\n") and "<|think|>\n" in thinking
+    assert render(small, [ASK, answered], tools=[WEATHER]) == head + call + result
+    assert render(small, [ASK, answered], tools=[WEATHER], enable_thinking=True).endswith(result)
     # The answer closes the turn; the next user turn starts a new one.
     later = render(
-        small,
-        [ASK, CALL, RESULT, {"role": "assistant", "content": "Sunny."}, {"role": "user", "content": "Thanks"}],
-        tools=[WEATHER],
+        small, [ASK, answered | {"content": "Sunny."}, {"role": "user", "content": "Thanks"}], tools=[WEATHER]
     )
     assert later == head + call + result + "Sunny.<turn|>\n<|turn>user\nThanks<turn|>\n<|turn>model\n"
 
 
-def test_parallel_calls_results_matched_by_id(small):
+def test_parallel_calls_and_their_results(small):
     calls = {
         "role": "assistant",
-        "content": None,
+        "content": "",
         "tool_calls": [
             {"id": "a", "type": "function", "function": {"name": "f", "arguments": {"n": 1, "on": True, "x": None}}},
             {"id": "b", "type": "function", "function": {"name": "g", "arguments": {"l": [1.5, "s"], "o": {"k": "v"}}}},
         ],
+        "tool_responses": [{"name": "g", "response": "two"}, {"name": "f", "response": {"n": 1}}],
     }
-    text = render(
-        small,
-        [
-            ASK,
-            calls,
-            {"role": "tool", "tool_call_id": "b", "content": "two"},
-            {"role": "tool", "tool_call_id": "a", "content": "one"},
-        ],
-    )
-    assert text.endswith(
+    assert render(small, [ASK, calls]).endswith(
         "<|turn>model\n<|tool_call>call:f{n:1,on:true,x:null}<tool_call|>"
         f"<|tool_call>call:g{{l:[1.5,{Q}s{Q}],o:{{k:{Q}v{Q}}}}}<tool_call|>"
         f"<|tool_response>response:g{{value:{Q}two{Q}}}<tool_response|>"
-        f"<|tool_response>response:f{{value:{Q}one{Q}}}<tool_response|>"
+        "<|tool_response>response:f{n:1}<tool_response|>"
     )
 
 
-def test_thoughts_are_replayed_only_after_the_last_user_turn(small):
-    old = {"role": "assistant", "content": "A", "reasoning_content": "old thought"}
+def test_thoughts_are_never_replayed(small):
+    """As in the checkpoints' template: reasoning_content is not rendered, thought blocks left inside
+    a model message's content are cut."""
     new = {"role": "assistant", "content": "B", "reasoning_content": "new thought"}
-    text = render(small, [ASK, old, {"role": "user", "content": "again"}, new], add_generation_prompt=False)
-    assert "old thought" not in text and "<|channel>thought\nnew thought\n<channel|>B<turn|>\n" in text
-    # Thoughts left inside content are never replayed either.
+    text = render(small, [ASK, new], add_generation_prompt=False)
+    assert "new thought" not in text and text.endswith("<|turn>model\nB<turn|>\n")
     stripped = render(
         small,
         [ASK, {"role": "assistant", "content": "<|channel>thought\nhmm<channel|>Paris."}],
@@ -190,3 +180,60 @@ def test_random_checkpoint_carries_the_protocol(name, empty_block):
     assert eos == [ids["<eos>"], ids["<turn|>"], ids["<|tool_response>"]]
     template = (folder / "chat_template.jinja").read_text()
     assert re.search(r"set empty_thought_block = (\w+)", template)[1] == str(empty_block).lower()
+
+
+# -- the test template against the checkpoints' own, on every conversation shape ------------------------
+def openai_call(id_: str, name: str, args: dict) -> dict:
+    return {"id": id_, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+
+
+USER, BYE = {"role": "user", "content": " Weather in Paris? "}, {"role": "user", "content": "Thanks"}
+CALLS = {"role": "assistant", "content": None, "tool_calls": [openai_call("c1", "get-weather", {"city": "Paris"})]}
+TWO_CALLS = CALLS | {
+    "tool_calls": [*CALLS["tool_calls"], openai_call("c2", "now", {"tz": {"name": "CET"}, "n": [1.5]})]
+}
+RESULT_1 = {"role": "tool", "tool_call_id": "c1", "content": "sunny, 21 C"}
+RESULT_2 = {"role": "tool", "tool_call_id": "c2", "content": '{"time": "12:00", "ok": true}'}
+ANSWER = {"role": "assistant", "content": "<|channel>thought\nhmm<channel|>Sunny.", "reasoning_content": "it is"}
+CONVERSATIONS = {
+    "one user turn": [USER],
+    "system and user": [{"role": "system", "content": " Be brief. "}, USER],
+    "an exchange": [USER, {"role": "assistant", "content": "Hello!"}, BYE],
+    "a call without its result": [USER, CALLS],
+    "a result awaiting the answer": [USER, CALLS, RESULT_1],
+    "parallel calls, results out of order": [USER, TWO_CALLS, RESULT_2, RESULT_1],
+    "an answer after the results": [USER, TWO_CALLS, RESULT_1, RESULT_2, ANSWER, BYE],
+    "an answer ending the history": [USER, CALLS, RESULT_1, ANSWER],
+    "two rounds of calls": [
+        USER,
+        CALLS,
+        RESULT_1,
+        CALLS | {"tool_calls": [openai_call("c3", "now", {})]},
+        RESULT_2 | {"tool_call_id": "c3"},
+        ANSWER,
+        BYE,
+    ],
+}
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return (GOLDEN / "templates" / "gemma4_conversation.jinja").read_text()
+
+
+@pytest.mark.parametrize("shape", CONVERSATIONS)
+@pytest.mark.parametrize("thinking", [False, True])
+@pytest.mark.parametrize("generation", [True, False])
+def test_conversations_render_as_the_checkpoints_template_does(small, large, reference, shape, thinking, generation):
+    """OpenAI's messages, converted as the server converts them, render identically with the test
+    template and the checkpoints' own (the larger checkpoints' generation prompt; E2B/E4B's differs
+    only by leaving out the empty thought block there)."""
+    from runtime.api.chat import Message, template_messages, tool_names
+
+    messages = [Message.model_validate(m) for m in CONVERSATIONS[shape]]
+    converted = template_messages(messages, tool_names(None, messages))
+    kw = {"add_generation_prompt": generation, "enable_thinking": thinking}
+    real = large.apply_chat_template(converted, tokenize=False, chat_template=reference, **kw)
+    assert render(large, converted, **kw) == real
+    empty_block = "<|channel>thought\n<channel|>"
+    assert render(small, converted, **kw) == real.removesuffix(empty_block if generation and not thinking else "")

@@ -5,16 +5,21 @@ validate against the tool's schema: one call of the named function, or of any to
 from __future__ import annotations
 
 import json
+import time
+from typing import Literal
 
 import jsonschema
 import numpy as np
 import pytest
+from pydantic import BaseModel, Field
 
 from gemma4_port.source.toy_tokenizer import train_tokenizer
-from runtime.api.chat import Tool
-from runtime.api.reply_parser import ReplyParser, ToolCall
+from runtime.api.chat import ChatTemplateError, Tool
+from runtime.api.reply_parser import Reasoning, ReplyParser, ToolCall
 from runtime.api.tool_grammar import forced_calls
+from runtime.api.tool_names import ToolNames
 from runtime.generate.grammar import Grammar, GrammarCompiler
+from runtime.settings import GrammarLimits
 
 PARAMS = {
     "type": "object",
@@ -66,12 +71,15 @@ def grammars(tok):
     return GrammarCompiler(tok, vocab=1024, eos_ids=[1, *tok.convert_tokens_to_ids(["<turn|>", "<|tool_response>"])])
 
 
-def walk(tok, grammars, lark: str, seed: int, steps: int = 400) -> str:
-    """Random allowed tokens until an end-of-generation id: any output the grammar permits."""
+def walk(tok, grammars, lark: str, seed: int, steps: int = 400, prefer: int | None = None) -> str:
+    """Random allowed tokens until an end-of-generation id: any output the grammar permits. `prefer`: a
+    token taken one time in four where allowed (to end free text soon)."""
     matcher, rng, out = grammars.matcher(Grammar.lark(lark)), np.random.default_rng(seed), []
     eos = set(grammars_eos(tok))
     for _ in range(steps):
-        token = int(rng.choice(np.flatnonzero(matcher.allowed())))
+        allowed = matcher.allowed()
+        token = prefer if prefer is not None and allowed[prefer] and rng.random() < 0.25 else None
+        token = int(rng.choice(np.flatnonzero(allowed))) if token is None else token
         if token in eos:
             return tok.decode(out, skip_special_tokens=False)
         matcher.accept(token)
@@ -120,10 +128,177 @@ def test_special_tokens_are_named_by_id(tok):
     assert f"<[{open_}]>" in lark and f"<[{close}]>" in lark and "<|" not in lark
 
 
-def test_a_call_after_an_open_thought_closes_it_first(tok, grammars):
-    lark = forced_calls(tok, TOOLS, "now", parallel=False, thought_open=True)
+def test_with_thinking_a_thought_may_come_before_the_call(tok, grammars):
+    lark = forced_calls(tok, TOOLS, "now", parallel=False, thinking=True)
+    end_of_thought = tok.convert_tokens_to_ids("<channel|>")
+    texts = {walk(tok, grammars, lark, seed, prefer=end_of_thought) for seed in range(8)}
+    assert "<|tool_call>call:now{}<tool_call|>" in texts
+    thought = [t for t in texts if t.startswith("<|channel>thought\n")]
+    assert thought and all(t.endswith("<channel|><|tool_call>call:now{}<tool_call|>") for t in thought)
+    parser = ReplyParser(tok, "<|turn>model\n", tools=True)
+    pieces = parser.feed(thought[0]) + parser.finish()
+    assert [p.name for p in pieces if isinstance(p, ToolCall)] == ["now"]
+    assert any(isinstance(p, Reasoning) for p in pieces)
+
+
+# -- schemas as JSON Schema means them -----------------------------------------------------------------
+class Inner(BaseModel):
+    x: int
+    label: Literal["a", "b"] | None = None
+
+
+class Outer(BaseModel):
+    inner: Inner
+    many: list[Inner] = Field(default_factory=list, max_length=2)
+    kind: Literal["k"] = "k"
+
+
+class Tree(BaseModel):
+    name: str = Field(max_length=3)
+    children: list[Tree] = Field(default_factory=list, max_length=2)
+
+
+SCHEMAS = {
+    "pydantic nested models ($ref into $defs)": Outer.model_json_schema(),
+    "a recursive model": Tree.model_json_schema(),
+    "anyOf, oneOf, type lists, enum, const": {
+        "type": "object",
+        "properties": {
+            "a": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 2}]},
+            "b": {"oneOf": [{"const": {"k": [1, "v"]}}, {"type": "null"}]},
+            "c": {"type": ["boolean", "array"], "items": {"enum": [1.5, "x", None]}, "maxItems": 2},
+            "d": {"type": "object", "additionalProperties": {"type": "integer"}},
+        },
+        "required": ["a", "b", "c", "d"],
+    },
+    "keys no word pattern covers": {
+        "type": "object",
+        "properties": {"file-path": {"type": "string", "maxLength": 4}, "a b.c": {"type": "integer"}},
+        "required": ["file-path", "a b.c"],
+    },
+    "tuples (prefixItems)": {
+        "type": "object",
+        "properties": {"t": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "boolean"}]}},
+        "required": ["t"],
+    },
+}
+
+
+def strict(schema):
+    """The schema with undeclared properties refused where it declares some (the grammar's policy)."""
+    if isinstance(schema, dict):
+        out = {k: strict(v) for k, v in schema.items()}
+        if "properties" in schema and "additionalProperties" not in schema:
+            out["additionalProperties"] = False
+        return out
+    return [strict(v) for v in schema] if isinstance(schema, list) else schema
+
+
+@pytest.mark.parametrize("case", SCHEMAS)
+def test_every_call_the_grammar_allows_validates_against_the_schema(tok, grammars, case):
+    schema = SCHEMAS[case]
+    tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": schema}})
+    lark = forced_calls(tok, [tool], "f", parallel=False)
+    for seed in range(10):
+        [call] = calls(tok, walk(tok, grammars, lark, seed, steps=600))
+        jsonschema.validate(json.loads(call.arguments), strict(schema))
+
+
+def test_an_empty_strict_object_is_called_with_no_arguments(tok, grammars):
+    empty = {"type": "object", "properties": {}, "additionalProperties": False}
+    tool = Tool.model_validate({"type": "function", "function": {"name": "get_time", "parameters": empty}})
+    lark = forced_calls(tok, [tool], None, parallel=False)
+    assert {walk(tok, grammars, lark, seed) for seed in range(5)} == {"<|tool_call>call:get_time{}<tool_call|>"}
+
+
+def test_a_free_form_object_takes_any_keys(tok, grammars):
+    """`{"type": "object"}` declares no properties, so it is a map (as structured outputs read it too)."""
+    params = {"type": "object", "properties": {"meta": {"type": "object"}}, "required": ["meta"]}
+    tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": params}})
+    lark = forced_calls(tok, [tool], "f", parallel=False)
+    metas = [json.loads(calls(tok, walk(tok, grammars, lark, seed, 800))[0].arguments)["meta"] for seed in range(10)]
+    assert any(metas) and all(isinstance(m, dict) for m in metas)
+
+
+def test_a_hyphenated_tool_is_called_under_an_alias_and_answers_with_its_name(tok, grammars):
+    tools = [
+        Tool.model_validate({"type": "function", "function": {"name": n, "parameters": PARAMS}})
+        for n in ("get-weather", "get_weather")
+    ]
+    names = ToolNames(t.function.name for t in tools)
+    lark = forced_calls(tok, tools, "get-weather", parallel=False, names=names)
     text = walk(tok, grammars, lark, 0)
-    assert text == "<channel|><|tool_call>call:now{}<tool_call|>"
-    prompt = "<|turn>model\n<|tool_response>response:x{value:1}<tool_response|><|channel>thought\n"
-    parser = ReplyParser(tok, prompt, tools=True)
-    assert [p.name for p in parser.feed(text) + parser.finish()] == ["now"]
+    assert text.startswith("<|tool_call>call:get_weather_2{") and "get-weather" not in text
+    parser = ReplyParser(tok, "", tools=True, names=names)
+    [call] = parser.feed(text) + parser.finish()
+    assert call.name == "get-weather"
+    jsonschema.validate(json.loads(call.arguments), PARAMS)
+
+
+def nested_types(levels: int, kinds: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": ["object"] * kinds, "properties": {"a": schema}}
+    return schema
+
+
+def test_the_grammar_grows_linearly_with_branching_schemas(tok, grammars):
+    """Eight levels of six-way type lists (under a kilobyte of schema) once made a grammar exponential in
+    the levels; one rule per schema node keeps it small, and it builds at once."""
+    schema = nested_types(8, 6)
+    assert len(json.dumps(schema)) < 1000
+    tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": schema}})
+    start = time.perf_counter()
+    lark = forced_calls(tok, [tool], None, parallel=True)
+    grammars.compile(Grammar.lark(lark))
+    assert time.perf_counter() - start < 1.0
+    assert len(lark) < 4000 and lark.count("\n") < 60
+    deeper = forced_calls(
+        tok,
+        [Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": nested_types(16, 6)}})],
+        None,
+        parallel=True,
+    )
+    assert len(deeper) < 2.2 * len(lark)  # twice the levels, about twice the grammar
+
+
+@pytest.mark.parametrize(
+    "limits,schema,variable",
+    [
+        (GrammarLimits(schema_max_depth=8), nested_types(12, 1), "GEMMA4_SCHEMA_MAX_DEPTH"),
+        (
+            GrammarLimits(schema_max_ref_depth=3),
+            {
+                "$defs": {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(6)} | {"d6": {"type": "integer"}},
+                "type": "object",
+                "properties": {"v": {"$ref": "#/$defs/d0"}},
+            },
+            "GEMMA4_SCHEMA_MAX_REF_DEPTH",
+        ),
+        (
+            GrammarLimits(schema_max_rules=64),
+            {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(100)}},
+            "GEMMA4_SCHEMA_MAX_RULES",
+        ),
+    ],
+)
+def test_schemas_past_a_cap_are_refused_naming_it(tok, limits, schema, variable):
+    tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": schema}})
+    with pytest.raises(ChatTemplateError, match=variable) as err:
+        forced_calls(tok, [tool], None, parallel=False, limits=limits)
+    assert err.value.param.startswith("tools") and len(str(err.value)) < 300
+
+
+@pytest.mark.parametrize(
+    "schema,words",
+    [
+        ({"type": "object", "properties": {"v": {"$ref": "#/$defs/missing"}}}, "points at nothing"),
+        ({"type": "object", "properties": {"v": {"$ref": "https://example.com/s.json"}}}, "only references inside"),
+        ({"type": "object", "properties": {"a:b": {"type": "integer"}}}, "cannot be written"),
+        ({"type": "object", "properties": {"v": {"type": "integr"}}}, "not a JSON Schema type"),
+    ],
+)
+def test_schemas_the_grammar_cannot_follow_are_refused(tok, schema, words):
+    tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": schema}})
+    with pytest.raises(ChatTemplateError, match=words):
+        forced_calls(tok, [tool], None, parallel=False)

@@ -1,24 +1,26 @@
 """Chat requests in, the checkpoint's chat template's prompt out; a parsed reply back in OpenAI's shape.
 
-Requests: messages of every OpenAI role (a `tool` message answers an assistant's `tool_calls`, whose
-`arguments` JSON text is decoded for the template), `tools`, `tool_choice`, and the thinking switch
+Requests: messages of every OpenAI role, `tools`, `tool_choice`, and the thinking switch
 (`chat_template_kwargs: {"enable_thinking": true}`, or `{"thinking": true}` as vLLM also accepts).
+Before any template sees them, the messages take the shape Gemma-4's own template reads (as llama.cpp's
+Gemma-4 handler does, following Google's prompt-formatting guide): an assistant message with
+`tool_calls`, the `role: "tool"` messages answering it and the assistant's answer after them become
+one model message with `tool_calls` (arguments decoded from their JSON text), `tool_responses`
+(`{name, response}`, a result that is JSON text decoded) and `content`; the template leaves that turn
+open when no answer follows. Tool names Gemma's call syntax cannot carry get aliases (tool_names.py).
 Replies: `reasoning_content`, `content` and `tool_calls`, whole or as stream deltas, as vLLM's
 OpenAI server shapes them."""
 
 from __future__ import annotations
 
 import json
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, model_validator
 
 from contract.errors import Gemma4Error
 from runtime.api.reply_parser import Content, Piece, Reasoning, ToolCall
-
-# Gemma-4's call syntax (`call:NAME{...}`) carries names of word characters only.
-NAME = re.compile(r"\w+")
+from runtime.api.tool_names import OPENAI_NAME, ToolNames
 
 
 def text_content(value) -> str | None:
@@ -45,10 +47,8 @@ class FunctionDef(_Strict):
 
     @model_validator(mode="after")
     def _name(self):
-        if not NAME.fullmatch(self.name):
-            raise ValueError(
-                f"function name {self.name!r}: Gemma-4's call syntax carries only letters, digits and underscores"
-            )
+        if not OPENAI_NAME.fullmatch(self.name):
+            raise ValueError(f"function name {self.name!r}: must match ^[a-zA-Z0-9_-]{{1,64}}$ (OpenAI's rule)")
         return self
 
 
@@ -109,16 +109,15 @@ class Message(_Strict):
             raise ValueError("is required (only an assistant message with tool_calls may omit it)")
         return value
 
-    def template_dict(self, where: str) -> dict:
+    def template_dict(self, where: str, names: ToolNames) -> dict:
         out: dict = {"role": "system" if self.role == "developer" else self.role, "content": self.content or ""}
         for i, c in enumerate(self.tool_calls or ()):
             args = arguments(c.function.arguments, f"{where}.tool_calls.{i}")
             out.setdefault("tool_calls", []).append(
-                {"id": c.id, "type": "function", "function": {"name": c.function.name, "arguments": args}}
+                {"id": c.id, "type": "function", "function": {"name": names.alias(c.function.name), "arguments": args}}
             )
-        for key in ("tool_call_id", "name", "reasoning_content"):
-            if getattr(self, key) is not None:
-                out[key] = getattr(self, key)
+        if self.reasoning_content is not None:
+            out["reasoning_content"] = self.reasoning_content
         return out
 
 
@@ -149,11 +148,67 @@ def template_kwargs(kwargs: dict | None) -> dict:
     return out
 
 
+def tool_names(tools: list[Tool] | None, messages: list[Message]) -> ToolNames:
+    """The aliases for this request: its tools' names and the ones its earlier calls used."""
+    called = (c.function.name for m in messages for c in m.tool_calls or ())
+    return ToolNames([*(t.function.name for t in tools or ()), *called])
+
+
+def tool_result(content: str | None):
+    """A tool's result as the template renders it: decoded when it is JSON text (as llama.cpp does)."""
+    try:
+        return json.loads(content or "")
+    except json.JSONDecodeError:
+        return content or ""
+
+
+def template_messages(messages: list[Message], names: ToolNames) -> list[dict]:
+    """OpenAI's messages in the shape Gemma-4's template reads (see the module's docstring)."""
+    out: list[dict] = []
+    i = 0
+    while i < len(messages):
+        m, where = messages[i], f"messages.{i}"
+        if m.role == "tool":
+            raise ChatTemplateError(
+                where, "a tool message must follow the assistant message whose tool_calls it answers"
+            )
+        turn = m.template_dict(where, names)
+        out.append(turn)
+        i += 1
+        if not m.tool_calls:
+            continue
+        by_id = {c.id: c.function.name for c in m.tool_calls}
+        responses: list[dict] = []
+        while i < len(messages) and messages[i].role == "tool":
+            t = messages[i]
+            # Matched by id; a result for an unknown id takes the call in its position.
+            nth = m.tool_calls[min(len(responses), len(m.tool_calls) - 1)].function.name
+            responses.append(
+                {"name": names.alias(by_id.get(t.tool_call_id or "", nth)), "response": tool_result(t.content)}
+            )
+            i += 1
+        if responses:
+            turn["tool_responses"] = responses
+        # The answer after the results ends the same model turn; the calling message's own text gives way
+        # to it (the template writes content after the results).
+        turn["content"] = ""
+        if i < len(messages) and messages[i].role == "assistant" and not messages[i].tool_calls and messages[i].content:
+            turn["content"] = messages[i].content
+            i += 1
+    return out
+
+
 def render(
-    tokenizer, messages: list[Message], tools: list[Tool] | None, tool_choice: ToolChoice | None, kwargs: dict | None
+    tokenizer,
+    messages: list[Message],
+    tools: list[Tool] | None,
+    tool_choice: ToolChoice | None,
+    kwargs: dict | None,
+    names: ToolNames | None = None,
 ) -> str:
     """The prompt text. With `tool_choice: none` the tools are left out of the prompt, so the model is
     never offered them (vLLM's `--exclude-tools-when-tool-choice-none`)."""
+    names = names or tool_names(tools, messages)
     offered = tools if tools and tool_choice != "none" else None
     if isinstance(tool_choice, ToolChoiceFunction) and not any(
         t.function.name == tool_choice.function.name for t in tools or ()
@@ -161,10 +216,14 @@ def render(
         raise ChatTemplateError("tool_choice", f"names function {tool_choice.function.name!r}, which is not in tools")
     if tool_choice == "required" and not tools:
         raise ChatTemplateError("tool_choice", "is 'required' but no tools are given")
-    dicts = [m.template_dict(f"messages.{i}") for i, m in enumerate(messages)]
+    declared = [
+        t.model_dump(exclude_none=True)
+        | {"function": t.function.model_dump(exclude_none=True) | {"name": names.alias(t.function.name)}}
+        for t in offered or ()
+    ]
     return tokenizer.apply_chat_template(
-        dicts,
-        tools=[t.model_dump(exclude_none=True) for t in offered] if offered else None,
+        template_messages(messages, names),
+        tools=declared or None,
         add_generation_prompt=True,
         tokenize=False,
         **template_kwargs(kwargs),

@@ -16,6 +16,7 @@ import uuid
 from dataclasses import dataclass, field
 
 from contract.errors import Gemma4Error
+from runtime.api.tool_names import ToolNames
 
 
 class ReplyError(Gemma4Error, RuntimeError):
@@ -62,12 +63,24 @@ def special_tokens(tokenizer) -> tuple[str, ...]:
     return tuple(t.content for t in tokenizer.added_tokens_decoder.values() if t.special)
 
 
+# A bare key outside strings: after `{` or `,`, up to its `:` (the chat template writes any key so).
+BARE_KEY = re.compile(r"(?<=[{,])([^:{}\[\],]+):")
+QUOTE = '<|"|>'
+
+
+def quote_keys(text: str) -> str:
+    """Bare keys as JSON strings, outside the `<|"|>` strings: the template's dialect reads only word keys."""
+    parts = text.split(QUOTE)
+    parts[::2] = [BARE_KEY.sub(lambda m: json.dumps(m.group(1)) + ":", p) for p in parts[::2]]
+    return QUOTE.join(parts)
+
+
 def parse_arguments(text: str, template: dict) -> dict:
     """Gemma's argument syntax to a dict, with the dialect the template declares (ValueError if malformed)."""
     from transformers.utils.chat_parsing.content_parsers import parse_content
 
     spec = template["fields"]["tool_calls"]
-    value = parse_content(text, spec["content"], spec.get("content_args", {}))
+    value = parse_content(quote_keys(text), spec["content"], spec.get("content_args", {}))
     if not isinstance(value, dict):
         raise ValueError(f"tool call arguments are not an object: {text!r}")
     return value
@@ -75,9 +88,13 @@ def parse_arguments(text: str, template: dict) -> dict:
 
 class ReplyParser:
     """Feed decoded text, get pieces in order. `tools` off: calls are not parsed, their text is content.
-    `skip_special_tokens` (the default, as in OpenAI's servers): no special token reaches the client."""
+    `skip_special_tokens` (the default, as in OpenAI's servers): no special token reaches the client.
+    `names`: the tools' aliases in the prompt, so that a call carries its real name."""
 
-    def __init__(self, tokenizer, prompt: str, tools: bool, skip_special_tokens: bool = True):
+    def __init__(
+        self, tokenizer, prompt: str, tools: bool, skip_special_tokens: bool = True, names: ToolNames | None = None
+    ):
+        self.names = names or ToolNames(())
         from transformers.utils.chat_parsing import ResponseParser
 
         self.template = response_template(tokenizer)
@@ -124,5 +141,5 @@ class ReplyParser:
                     if text:
                         out.append(Content(text))
                     continue
-                out.append(ToolCall(fn["name"], arguments))
+                out.append(ToolCall(self.names.real(fn["name"]), arguments))
         return out

@@ -11,7 +11,7 @@ from typing import Any
 from flask import Blueprint, jsonify
 
 from runtime.api.bodies import ResponseSpec
-from runtime.api.chat import ToolChoiceFunction, render
+from runtime.api.chat import ToolChoiceFunction, render, template_kwargs, tool_names
 from runtime.api.errors import APIError
 from runtime.api.handling import (
     check_model,
@@ -70,10 +70,15 @@ def chat_completions():
     eng = ready_engine()
     check_model(eng, body.model)
     check_size(eng, [m.content or "" for m in body.messages], "messages")
+    names = tool_names(body.tools, body.messages)  # aliases for names Gemma's call syntax cannot carry
     with server_state().tokenizer_lock:
         with template_errors():
-            text = render(eng.tokenizer, body.messages, body.tools, body.tool_choice, body.chat_template_kwargs)
+            text = render(eng.tokenizer, body.messages, body.tools, body.tool_choice, body.chat_template_kwargs, names)
         prompt = eng.tokenizer(text, add_special_tokens=False).input_ids  # the template writes <bos>
+    with template_errors():  # a tool schema the grammar cannot follow, or one past a cap, is a 400 too
+        thinking = template_kwargs(body.chat_template_kwargs).get("enable_thinking") is True
+        limits = eng.settings.grammar_limits
+        grammar = forced(eng.tokenizer, body.tools, body.tool_choice, body.parallel_tool_calls, limits, names, thinking)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # The reply's parser needs the special tokens as boundaries; it drops them from what it passes on.
     job = submit(
@@ -83,9 +88,11 @@ def chat_completions():
         max_tokens,
         "messages",
         skip_special_tokens=False,
-        imposed=forced(eng.tokenizer, body.tools, body.tool_choice, body.parallel_tool_calls, text),
+        imposed=grammar,
     )
-    parser = functools.partial(ReplyParser, eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens)
+    parser = functools.partial(
+        ReplyParser, eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens, names=names
+    )
     return respond(
         job,
         body,

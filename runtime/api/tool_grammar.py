@@ -1,27 +1,41 @@
 """The grammar that forces Gemma-4 tool calls, in Gemma's own syntax (not JSON), so that the model
-writes what it was trained on: `<|tool_call>call:NAME{key:value,...}<tool_call|>`, keys in the
-order the chat template renders them (dictsort), strings between `<|"|>`, each value following its
-tool's `parameters` schema: types, enum, const, required keys, nullable, anyOf/oneOf, string
-lengths and item counts (other keywords, such as numeric ranges or patterns, are not enforced).
+writes what it was trained on: `<|tool_call>call:NAME{key:value,...}<tool_call|>`, keys bare and in
+the order the chat template writes them (dictsort), strings between `<|"|>`.
+
+Each value follows its tool's `parameters` as JSON Schema means it: `$ref` into `$defs` (or anywhere
+in the schema; a recursive one becomes a cycle of rules), `allOf` (merged), `anyOf`/`oneOf`, `enum`,
+`const`, `type` (or a list of types), `nullable`, objects with `properties`, `required` and
+`additionalProperties`, arrays with `items`, `prefixItems`, `minItems`/`maxItems`, string lengths.
+Undeclared properties are refused unless `additionalProperties` allows them, the same policy as
+structured outputs (runtime.generate.grammar). Numeric ranges, patterns and formats are not enforced.
+
+One Lark rule per schema node, made once and referenced from everywhere that node appears, so the
+grammar grows linearly with the schema whatever its branching; caps on nesting, `$ref` depth and rule
+count (runtime.settings.GrammarLimits) refuse the rest with a 400 before the grammar engine sees it.
 `tool_choice: required` takes one call of any tool (several when `parallel_tool_calls` allows), a
-named function exactly one call of it. Written in llguidance's Lark dialect: special tokens by id
-(`<[id]>`), which text rules can never produce."""
+named function exactly one call of it; with thinking on, a thought may come first. Written in
+llguidance's Lark dialect: special tokens by id (`<[id]>`), which text rules can never produce."""
 
 from __future__ import annotations
 
 import json
+import urllib.parse
 from collections.abc import Sequence
+from typing import NoReturn
 
-from runtime.api.chat import Tool, ToolChoice, ToolChoiceFunction
+from runtime.api.chat import ChatTemplateError, Tool, ToolChoice, ToolChoiceFunction
+from runtime.api.tool_names import ToolNames, carried_key
 from runtime.generate.grammar import Grammar
+from runtime.settings import GrammarLimits
 
 INT = r"/-?(0|[1-9][0-9]{0,15})/"
 NUMBER = r"/-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][-+]?[0-9]{1,2})?/"
-KEY = r"/[A-Za-z_][A-Za-z0-9_]{0,63}/"
+FREE_KEY = r"/[A-Za-z_$][A-Za-z0-9_.$-]{0,63}/"  # keys of free-form objects: ones the reply parser reads back
 # String text: anything but the two control characters transformers' argument dialect reserves.
 TEXT = r"[^\x01\x02]"
-MAX_ITEMS = 16  # maxItems up to this is spelt out in the grammar; larger ones are not enforced
-THOUGHT_OPEN = "<|channel>thought\n"  # a prompt ending so leaves the model inside its thought
+MAX_COUNT = 64  # item counts and string lengths up to this are enforced; larger bounds are left open
+TYPES = ("string", "integer", "number", "boolean", "null", "array", "object")
+ANNOTATIONS = ("title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly")
 
 
 def template_order(mapping: dict) -> list[tuple]:
@@ -34,104 +48,219 @@ def key(name: str) -> str:
     return json.dumps(f"{name}:")
 
 
-class _Rules:
-    """Lark rules named as they are made; one per schema node keeps the grammar linear in the schema."""
+def bound(value, default: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT else default
 
-    def __init__(self, quote: int):
-        self.quote = quote
+
+class _Rules:
+    """Lark rules made from one request's tool schemas, one per schema node."""
+
+    def __init__(self, quote: int, limits: GrammarLimits):
+        self.quote, self.limits = quote, limits
         self.lines: list[str] = []
+        self.made: dict[int, str] = {}  # id(schema node) -> its rule
+        self.kept: list = []  # the nodes behind `made`'s ids, alive so that no id is reused
         self.has_any = False  # the rules for values of any shape are written once, when first needed
 
+    def fail(self, where: str, message: str) -> NoReturn:
+        raise ChatTemplateError(where, message)
+
+    def name(self) -> str:
+        if len(self.lines) >= self.limits.schema_max_rules:
+            self.fail("tools", self.limits.refusal("schema_max_rules", "the tools' schemas need more grammar rules"))
+        self.lines.append("")
+        return f"r{len(self.lines) - 1}"
+
     def add(self, body: str) -> str:
-        name = f"r{len(self.lines)}"
-        self.lines.append(f"{name}: {body}")
-        return name
+        rule = self.name()
+        self.lines[int(rule[1:])] = f"{rule}: {body}"
+        return rule
 
-    def string(self, schema: dict) -> str:
-        low, top = schema.get("minLength", 0), schema.get("maxLength")
-        text = f"/{TEXT}{{{low},{top}}}/" if isinstance(top, int) else f"/{TEXT}{{{low},}}/"
-        return self.add(f"<[{self.quote}]> {text} <[{self.quote}]>")
+    # -- schema nodes -------------------------------------------------------------------------------
+    def value(self, schema, root, where: str, depth: int = 0, refs: int = 0) -> str:
+        """The rule for a value `schema` allows; `root` is what its `$ref`s point into."""
+        if depth > self.limits.schema_max_depth:
+            self.fail(where, self.limits.refusal("schema_max_depth", "the schema nests too deep"))
+        if schema is True or (isinstance(schema, dict) and not (schema.keys() - set(ANNOTATIONS))):
+            return self.any()
+        if schema is False:
+            self.fail(where, "the schema `false` admits no value")
+        if not isinstance(schema, dict):
+            self.fail(where, "must be a JSON schema (an object or a boolean)")
+        if id(schema) in self.made:
+            return self.made[id(schema)]
+        if "$ref" in schema:  # the target's own rule: a recursive schema becomes a cycle of rules
+            if refs >= self.limits.schema_max_ref_depth:
+                self.fail(where, self.limits.refusal("schema_max_ref_depth", "the schema's $refs chain too deep"))
+            target = self.resolve(schema["$ref"], root, where)
+            rule = self.value(target, root, f"{where}.$ref", depth + 1, refs + 1)
+            self.made[id(schema)] = rule
+            self.kept.append(schema)
+            return rule
+        rule = self.name()  # named before its body, so that a $ref back to this node finds it
+        self.made[id(schema)] = rule
+        self.kept.append(schema)
+        self.lines[int(rule[1:])] = f"{rule}: {self.body(schema, root, where, depth, refs)}"
+        return rule
 
-    def array(self, schema: dict) -> str:
-        """`[v,...]` with minItems..maxItems items (no upper bound past MAX_ITEMS)."""
-        item = self.value(schema.get("items"))
-        low, top = schema.get("minItems", 0), schema.get("maxItems")
-        more = f'("," {item})*' if top is None or top > MAX_ITEMS else ""
-        if not more:  # up to top - low further items, each optional after the one before
-            for _ in range(top - max(low, 1)):
-                more = f'("," {item} {more})?'.replace(" )", ")")
-        first = [item] + [f'"," {item}'] * (low - 1)
-        body = " ".join(first) + (f" {more}" if more else "")
-        if top == 0:
-            return self.add('"[]"')
-        return self.add(f'"[" {body} "]"' if low else f'"[" ({body})? "]"')
+    def body(self, schema: dict, root, where: str, depth: int, refs: int) -> str:
+        def sub(s, at: str) -> str:
+            return self.value(s, root, f"{where}.{at}", depth + 1, refs)
 
-    def literal(self, value) -> str:
+        if "allOf" in schema:
+            return sub(self.merged(schema, root, where), "allOf")
+        if "const" in schema:
+            return self.literal(schema["const"], where)
+        if "enum" in schema:
+            if not isinstance(schema["enum"], list) or not schema["enum"]:
+                self.fail(f"{where}.enum", "must be a non-empty list")
+            return " | ".join(self.literal(v, where) for v in schema["enum"])
+        for word in ("anyOf", "oneOf"):
+            if word in schema:
+                options = schema[word]
+                if not isinstance(options, list) or not options:
+                    self.fail(f"{where}.{word}", "must be a non-empty list of schemas")
+                return " | ".join(sub(s, f"{word}.{i}") for i, s in enumerate(options))
+        types = schema.get("type", self.implied_type(schema))
+        if schema.get("nullable") is True:
+            return f'{sub({k: v for k, v in schema.items() if k != "nullable"}, "nullable")} | "null"'
+        if isinstance(types, list):
+            kinds = list(dict.fromkeys(types))  # a type named twice is one alternative
+            if not kinds:
+                self.fail(f"{where}.type", "must name at least one type")
+            return " | ".join(sub(schema | {"type": t}, f"type.{t}") for t in kinds)
+        match types:
+            case "string":
+                low, top = bound(schema.get("minLength"), 0) or 0, bound(schema.get("maxLength"), None)
+                text = f"/{TEXT}{{{low},{'' if top is None else top}}}/"
+                return f"<[{self.quote}]> {text} <[{self.quote}]>"
+            case "integer":
+                return INT
+            case "number":
+                return NUMBER
+            case "boolean":
+                return '"true" | "false"'
+            case "null":
+                return '"null"'
+            case "array":
+                return self.array(schema, sub)
+            case "object":
+                return self.object(schema, sub, where)
+            case None:
+                return self.any()
+        self.fail(f"{where}.type", f"{types!r} is not a JSON Schema type (one of {', '.join(TYPES)})")
+
+    @staticmethod
+    def implied_type(schema: dict) -> str | None:
+        if "properties" in schema or "additionalProperties" in schema or "required" in schema:
+            return "object"
+        if "items" in schema or "prefixItems" in schema:
+            return "array"
+        return None
+
+    def resolve(self, ref, root, where: str):
+        """A local `$ref` (`#`, `#/$defs/Name`, any JSON pointer into the schema)."""
+        if not isinstance(ref, str) or not ref.startswith("#"):
+            self.fail(f"{where}.$ref", f"{ref!r}: only references inside the schema (#/...) are supported")
+        node = root
+        for part in filter(None, urllib.parse.unquote(ref[1:]).split("/")):
+            part = part.replace("~1", "/").replace("~0", "~")
+            if isinstance(node, dict) and part in node:
+                node = node[part]
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                node = node[int(part)]
+            else:
+                self.fail(f"{where}.$ref", f"{ref!r} points at nothing in the schema")
+        return node
+
+    def merged(self, schema: dict, root, where: str) -> dict:
+        """`allOf`: the schemas' keywords together, their properties and required keys united."""
+        parts = [{k: v for k, v in schema.items() if k != "allOf"}]
+        for i, s in enumerate(schema["allOf"] if isinstance(schema["allOf"], list) else ()):
+            while isinstance(s, dict) and "$ref" in s:
+                s = self.resolve(s["$ref"], root, f"{where}.allOf.{i}")
+            if not isinstance(s, dict) or "allOf" in s:
+                self.fail(f"{where}.allOf.{i}", "allOf takes schema objects (not nested allOf)")
+            parts.append(s)
+        out: dict = {}
+        for p in parts:
+            props = out.get("properties", {}) | p.get("properties", {})
+            required = list(dict.fromkeys([*out.get("required", ()), *p.get("required", ())]))
+            out |= p
+            if props:
+                out["properties"] = props
+            if required:
+                out["required"] = required
+        self.kept.append(out)
+        return out
+
+    def literal(self, value, where: str, depth: int = 0) -> str:
         """One enum/const value as the template writes it."""
+        if depth > self.limits.schema_max_depth:
+            self.fail(where, self.limits.refusal("schema_max_depth", "a const or enum value nests too deep"))
         if isinstance(value, str):
             return f"<[{self.quote}]> {json.dumps(value)} <[{self.quote}]>"
         if isinstance(value, bool) or value is None:
-            return json.dumps(value)
+            return json.dumps(json.dumps(value))  # `true` as the Lark literal "true"
         if isinstance(value, (int, float)):
-            return json.dumps(str(value))
+            return json.dumps(str(value))  # as Jinja writes a number
         if isinstance(value, list):
-            return '"[" ' + ' "," '.join(self.literal(v) for v in value) + ' "]"' if value else '"[]"'
-        return '"{" ' + ' "," '.join(f"{key(k)} {self.literal(v)}" for k, v in template_order(value)) + ' "}"'
+            items = ' "," '.join(self.literal(v, where, depth + 1) for v in value)
+            return f'"[" {items} "]"' if value else '"[]"'
+        pairs = [f"{self.key(k, where)} {self.literal(v, where, depth + 1)}" for k, v in template_order(value)]
+        return '"{" ' + ' "," '.join(pairs) + ' "}"' if pairs else '"{}"'
 
-    def value(self, schema) -> str:
-        """A rule for any value the schema allows (anything, for schema features not modelled here)."""
-        if not isinstance(schema, dict) or not schema:
-            return self.any()
-        if "const" in schema:
-            return self.add(self.literal(schema["const"]))
-        if "enum" in schema:
-            return self.add(" | ".join(self.literal(v) for v in schema["enum"]))
-        for key in ("anyOf", "oneOf"):
-            if key in schema:
-                return self.add(" | ".join(self.value(s) for s in schema[key]))
-        types = schema.get("type")
-        if isinstance(types, list):
-            return self.add(" | ".join(self.value(schema | {"type": t}) for t in types))
-        if schema.get("nullable"):
-            return self.add(f'{self.value({k: v for k, v in schema.items() if k != "nullable"})} | "null"')
-        match types:
-            case "string":
-                return self.string(schema)
-            case "integer":
-                return self.add(INT)
-            case "number":
-                return self.add(NUMBER)
-            case "boolean":
-                return self.add('"true" | "false"')
-            case "null":
-                return self.add('"null"')
-            case "array":
-                return self.array(schema)
-            case "object":
-                return self.object(schema) if schema.get("properties") else self.any_object()
-        return self.any()
+    def key(self, name: str, where: str) -> str:
+        if not carried_key(name):
+            self.fail(where, f"property name {name!r} cannot be written in Gemma-4's call syntax (keys are bare)")
+        return key(name)
 
-    def object(self, schema: dict) -> str:
-        """`{k:v,...}` in sorted key order; required keys always, the others optional, commas between."""
-        props = template_order(schema.get("properties", {}))
-        required = set(schema.get("required", ()))
-        values = [self.value(s) for _, s in props]
+    def array(self, schema: dict, sub) -> str:
+        """`[v,...]`: `prefixItems` first, then `items` (none past the prefix unless `items` allows them),
+        between minItems and maxItems of them in all."""
+        prefix: list = schema["prefixItems"] if isinstance(schema.get("prefixItems"), list) else []
+        firsts = [sub(s, f"prefixItems.{i}") for i, s in enumerate(prefix)]
+        more = schema.get("items", not prefix)
+        low, top = bound(schema.get("minItems"), 0) or 0, bound(schema.get("maxItems"), None)
+        if more is False or top == 0 or (top is not None and top <= len(firsts)):
+            items = firsts[: top if top is not None else len(firsts)]
+            return '"[" ' + ' "," '.join(items) + ' "]"' if items else '"[]"'
+        item = sub(more, "items")
+        rest_low = max(low - len(firsts), 0)
+        rest_top = None if top is None else top - len(firsts)
+        if firsts:
+            reps = f"{{{rest_low},{'' if rest_top is None else rest_top}}}"
+            return '"[" ' + ' "," '.join(firsts) + f' ("," {item}){reps} "]"'
+        reps = f"{{{max(rest_low - 1, 0)},{'' if rest_top is None else rest_top - 1}}}"
+        body = f'{item} ("," {item}){reps}'
+        return f'"[" {body} "]"' if rest_low else f'"[" ({body})? "]"'
+
+    def object(self, schema: dict, sub, where: str) -> str:
+        """`{k:v,...}` in the template's key order; required keys always, the others optional, commas
+        between; then undeclared pairs only if `additionalProperties` allows them (absent: only when
+        the object declares no properties, the policy structured outputs follow too)."""
+        props: dict = schema["properties"] if isinstance(schema.get("properties"), dict) else {}
+        declared = "properties" in schema or "patternProperties" in schema
+        extra = schema.get("additionalProperties", not declared)
+        pair = None if extra is False else f'{FREE_KEY} ":" {sub(extra, "additionalProperties")}'
+        items = template_order(props)
+        required = set(schema.get("required", ()) if isinstance(schema.get("required"), list) else ())
+        values = [sub(s, f"properties.{k}") for k, s in items]
         # tail[i, lead]: the keys from i on, `lead` when a key came before (so a comma goes first).
-        tail: dict[tuple[int, bool], str] = {(len(props), False): "", (len(props), True): ""}
-        for i in range(len(props) - 1, -1, -1):
+        tail: dict[tuple[int, bool], str] = {
+            (len(items), False): self.add(f'({pair} ("," {pair})*)?') if pair else "",
+            (len(items), True): self.add(f'("," {pair})*') if pair else "",
+        }
+        for i in range(len(items) - 1, -1, -1):
             for lead in (False, True):
                 comma = '"," ' if lead else ""
-                item = f"{comma}{key(props[i][0])} {values[i]} {tail[i + 1, True]}".strip()
+                item = f"{comma}{self.key(items[i][0], where)} {values[i]} {tail[i + 1, True]}".strip()
                 rest = tail[i + 1, lead]
-                if props[i][0] in required:
+                if items[i][0] in required:
                     tail[i, lead] = self.add(item)
                 else:
                     tail[i, lead] = self.add(f"({item}) | {rest}" if rest else f"({item})?")
-        return self.add(f'"{{" {tail[0, False]} "}}"' if props else '"{}"')
-
-    def any_object(self) -> str:
-        self.any()
-        return "anyobject"
+        return f'"{{" {tail[0, False]} "}}"' if tail[0, False] else '"{}"'
 
     def any(self) -> str:
         if not self.has_any:
@@ -140,39 +269,57 @@ class _Rules:
                 f'anyvalue: <[{self.quote}]> /{TEXT}*/ <[{self.quote}]> | {NUMBER} | "true" | "false" | "null" '
                 '| anyobject | "[" (anyvalue ("," anyvalue)*)? "]"',
                 'anyobject: "{" (anypair ("," anypair)*)? "}"',
-                f'anypair: {KEY} ":" anyvalue',
+                f'anypair: {FREE_KEY} ":" anyvalue',
             ]
         return "anyvalue"
 
 
-def forced_calls(tokenizer, tools: Sequence[Tool], name: str | None, parallel: bool, thought_open: bool = False) -> str:
-    """Lark text for `tool_choice` `required` (name None) or a named function. `thought_open`: the
-    prompt ends inside the thought channel (thinking after a tool result), which the calls close first."""
+def forced_calls(
+    tokenizer,
+    tools: Sequence[Tool],
+    name: str | None,
+    parallel: bool,
+    limits: GrammarLimits | None = None,
+    names: ToolNames | None = None,
+    thinking: bool = False,
+) -> str:
+    """Lark text for `tool_choice` `required` (name None) or a named function. `names`: the aliases the
+    prompt gave the tools (a name Gemma's syntax cannot carry); `thinking`: a thought may come first."""
     ids = dict(
         zip(
-            ("open", "close", "quote", "eoc"),
-            tokenizer.convert_tokens_to_ids(["<|tool_call>", "<tool_call|>", '<|"|>', "<channel|>"]),
+            ("open", "close", "quote", "soc", "eoc"),
+            tokenizer.convert_tokens_to_ids(["<|tool_call>", "<tool_call|>", '<|"|>', "<|channel>", "<channel|>"]),
         )
     )
-    rules = _Rules(ids["quote"])
+    names = names or ToolNames(t.function.name for t in tools)
+    rules = _Rules(ids["quote"], limits or GrammarLimits())
     calls = []
-    for tool in tools:
+    for i, tool in enumerate(tools):
         if name is None or tool.function.name == name:
             # No parameters: the function takes none (OpenAI's reading); a schema: its object.
             params = tool.function.parameters
-            args = rules.value({"type": "object"} | params) if params is not None else rules.add('"{}"')
-            calls.append(f'"call:{tool.function.name}" {args}')
+            where = f"tools.{i}.function.parameters"
+            args = rules.value({"type": "object"} | params, params, where) if params is not None else '"{}"'
+            calls.append(f"{json.dumps('call:' + names.alias(tool.function.name))} {args}")
     call = rules.add(f"<[{ids['open']}]> ({' | '.join(calls)}) <[{ids['close']}]>")
     body = f"{call}+" if parallel and name is None else call
-    return "\n".join([f"start: <[{ids['eoc']}]> {body}" if thought_open else f"start: {body}", *rules.lines])
+    if thinking:
+        body = f'(<[{ids["soc"]}]> "thought\\n" /{TEXT}*/ <[{ids["eoc"]}]>)? {body}'
+    return "\n".join([f"start: {body}", *rules.lines])
 
 
 def forced(
-    tokenizer, tools: Sequence[Tool] | None, tool_choice: ToolChoice | None, parallel: bool | None, prompt: str
+    tokenizer,
+    tools: Sequence[Tool] | None,
+    tool_choice: ToolChoice | None,
+    parallel: bool | None,
+    limits: GrammarLimits,
+    names: ToolNames,
+    thinking: bool = False,
 ) -> tuple[str, Grammar] | None:
     """The grammar a `tool_choice` imposes, named by that field: None for `auto` and `none`."""
     if not tools or tool_choice in (None, "auto", "none"):
         return None
     name = tool_choice.function.name if isinstance(tool_choice, ToolChoiceFunction) else None
-    lark = forced_calls(tokenizer, tools, name, parallel is not False, prompt.endswith(THOUGHT_OPEN))
+    lark = forced_calls(tokenizer, tools, name, parallel is not False, limits, names, thinking)
     return "tool_choice", Grammar.lark(lark)

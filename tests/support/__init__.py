@@ -6,3 +6,4 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]  # the checkout
 MANIFESTS = ROOT / "gemma4_port" / "manifests"
+GOLDEN = ROOT / "tests" / "golden"  # reference files the tests compare against

@@ -11,7 +11,7 @@ from typing import Any
 from flask import Blueprint, jsonify
 
 from runtime.api.bodies import ResponseSpec
-from runtime.api.chat import ToolChoiceFunction, render, template_kwargs, tool_names
+from runtime.api.chat import ToolChoiceFunction, render, template_kwargs, template_messages, tool_names
 from runtime.api.errors import APIError
 from runtime.api.handling import (
     check_model,
@@ -164,7 +164,7 @@ def tokenize_text():
     with server_state().tokenizer_lock:
         if body.messages is not None:
             with template_errors():
-                dicts = [m.template_dict(f"messages.{i}") for i, m in enumerate(body.messages)]
+                dicts = template_messages(body.messages, tool_names(None, body.messages))  # as chat converts them
                 text = eng.tokenizer.apply_chat_template(
                     dicts, add_generation_prompt=body.add_generation_prompt, tokenize=False
                 )

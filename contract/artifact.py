@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ValidationError
+from pydantic import ValidationError, model_validator
 
 from contract.errors import Gemma4Error
 from contract.files import read_parsed
@@ -134,6 +135,28 @@ class ArtifactMeta(Frozen):
     checkpoint: str
     created: str
 
+    @model_validator(mode="after")
+    def _paths_inside(self) -> ArtifactMeta:
+        for rel in self.files:
+            inside(rel)
+        unlisted = sorted(set(self.graphs.values()) - set(self.files))
+        if unlisted:
+            raise ValueError(f"graphs: {unlisted} not in the file list: every graph is a listed, hashed file")
+        vocab = self.geometry.vocab
+        ids = {*self.eos_token_ids, *(i for g in self.golden for i in (*g.ids, *g.tokens))}
+        if ids and not 0 <= min(ids) <= max(ids) < vocab:
+            raise ValueError(f"token ids up to {max(ids)} (eos or golden) on a vocabulary of {vocab}")
+        return self
+
+
+def inside(rel: str) -> str:
+    """A path artifact.json names: relative to the folder, `/`-separated, without `.`, `..` or empty
+    parts, so it cannot name a file outside the folder (symlinks are check_files' part)."""
+    parts = rel.split("/")
+    if rel.startswith("/") or "\\" in rel or any(part in ("", ".", "..") for part in parts):
+        raise ValueError(f"{rel!r} is not a path inside the artifact folder (relative, no '..', '/'-separated)")
+    return rel
+
 
 def sha256(path: Path) -> str:
     h = hashlib.sha256()
@@ -172,19 +195,39 @@ def load_meta(folder: str | Path) -> ArtifactMeta:
         return ArtifactMeta.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise ArtifactError(f"{path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        loc = ".".join(map(str, err["loc"]))  # empty for a check across fields
+        msg = err["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
+        raise ArtifactError(f"{path}: {loc + ': ' if loc else ''}{msg}") from None
 
 
 def check_files(folder: str | Path, meta: ArtifactMeta) -> list[str]:
-    """One line per missing or corrupted file; empty when every sha256 matches."""
+    """One line per missing, corrupted or unlisted file and per symlink out of the folder; empty
+    when the folder holds exactly the files artifact.json lists, each with its sha256. An unlisted
+    file is refused too: a loader reads more than the files named (a tokenizer folder's every file)."""
+    folder = Path(folder)
+    root = folder.resolve()
     problems = []
     for rel, digest in sorted(meta.files.items()):
-        p = Path(folder) / rel
-        if not p.is_file():
+        p = folder / rel
+        if not p.resolve().is_relative_to(root):
+            problems.append(f"{rel}: a symlink to {p.resolve()}, outside the artifact folder")
+        elif not p.is_file():
             problems.append(f"{rel}: missing")
         elif sha256(p) != digest:
             problems.append(f"{rel}: sha256 mismatch (corrupted or replaced)")
+    for rel in sorted(set(_present(folder)) - set(meta.files) - {"artifact.json"}):
+        problems.append(f"{rel}: not listed in artifact.json (`build.py compile` did not write it; remove it)")
     return problems
+
+
+def _present(folder: Path) -> list[str]:
+    """Every file and symlink under `folder` (symlinked folders not followed), relative, `/`-separated."""
+    out = []
+    for top, dirs, files in os.walk(folder):
+        links = [d for d in dirs if os.path.islink(os.path.join(top, d))]  # os.walk does not descend into them
+        for name in files + links:
+            out.append(Path(top, name).relative_to(folder).as_posix())
+    return out
 
 
 def write_meta(folder: Path, meta: ArtifactMeta) -> None:

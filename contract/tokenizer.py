@@ -21,7 +21,7 @@ def load_tokenizer(folder: str | Path):
         raise TokenizerError(f"{folder}/tokenizer.json is missing: the tokenizer cannot be trusted without it")
     try:
         tok = AutoTokenizer.from_pretrained(str(folder))
-    except Exception as exc:  # a truncated tokenizer.json raises from deep inside tokenizers
+    except Exception as exc:  # noqa: BLE001 - a truncated tokenizer.json raises from deep inside tokenizers
         raise TokenizerError(f"{folder}/tokenizer.json cannot be loaded: {exc}") from None
     check_tokenizer(tok, str(folder))
     return tok
@@ -36,3 +36,17 @@ def check_tokenizer(tok, where: str) -> None:
         )
     if tok.decode(ids) != "hello world":
         raise TokenizerError(f"{where}: the tokenizer does not round-trip 'hello world' (got {tok.decode(ids)!r})")
+
+
+def check_vocab(tok, vocab: int, where: str) -> None:
+    """Every id the tokenizer can produce (added and special tokens included) indexes the model's
+    vocabulary: one past it fails inside the graphs on the first prompt that uses it."""
+    ids = tok.get_vocab()  # token -> id, added tokens included
+    bad = sorted({i for i in (*ids.values(), *tok.all_special_ids) if not 0 <= i < vocab})
+    if bad:
+        names = {i: t for t, i in ids.items()}
+        shown = ", ".join(f"{names.get(i, '?')!r} = {i}" for i in bad[:3]) + (" ..." if len(bad) > 3 else "")
+        raise TokenizerError(
+            f"{where}: token ids outside the model's vocabulary of {vocab} (0..{vocab - 1}): {shown}; "
+            "a tokenizer of another model, or tokens added after compile"
+        )

@@ -2,11 +2,13 @@
 geometry states each fact once."""
 
 import json
+import re
 import shutil
 
 import pytest
 
-from contract.artifact import ARTIFACT_FORMAT, ArtifactError, load_meta
+from contract.artifact import ARTIFACT_FORMAT, ArtifactError, check_files, load_meta
+from contract.tokenizer import TokenizerError, check_vocab, load_tokenizer
 from runtime.model.loader import load_artifact
 from support.artifact_copies import resealed
 
@@ -81,3 +83,81 @@ def test_reformatting_artifact_json_keeps_it_valid(compiled, fp32_copy):
     raw = json.loads((fp32_copy / "artifact.json").read_text())
     (fp32_copy / "artifact.json").write_text(json.dumps(dict(reversed(list(raw.items())))))
     assert load_meta(fp32_copy) == load_meta(compiled("tiny-e2b", "fp32"))
+
+
+def _listed(folder, *rels):
+    """Reseal artifact.json with these files listed (and hashed) too: an edit the digest cannot see."""
+    from contract.artifact import sha256
+
+    return resealed(folder, lambda raw: raw["files"].update({rel: sha256(folder / rel) for rel in rels}))
+
+
+@pytest.mark.parametrize(
+    "rel, text",
+    [
+        ("tokenizer/additional_chat_templates/default.jinja", "{{ 'replaced' }}"),  # would become the template
+        ("tokenizer/added_tokens.json", '{"<extra>": 1024}'),  # an id one past the vocabulary
+        ("graphs/notes.txt", "x"),
+    ],
+)
+def test_a_file_artifact_json_does_not_list_is_refused_by_name(fp32_copy, rel, text):
+    (fp32_copy / rel).parent.mkdir(parents=True, exist_ok=True)
+    (fp32_copy / rel).write_text(text)
+    assert check_files(fp32_copy, load_meta(fp32_copy)) == [
+        f"{rel}: not listed in artifact.json (`build.py compile` did not write it; remove it)"
+    ]
+    with pytest.raises(ArtifactError, match=rf"{re.escape(rel)}: not listed in artifact.json"):
+        load_artifact(fp32_copy)
+
+
+def test_a_tokenizer_id_past_the_models_vocabulary_is_refused_at_load(fp32_copy):
+    """Listed and hashed (artifact.json resealed), a token added past the vocabulary of 1024 still
+    cannot reach the graphs: the loader checks the tokenizer's ids against the geometry."""
+    (fp32_copy / "tokenizer" / "added_tokens.json").write_text('{"<extra>": 1024}')
+    _listed(fp32_copy, "tokenizer/added_tokens.json")
+    assert check_files(fp32_copy, load_meta(fp32_copy)) == []
+    with pytest.raises(
+        TokenizerError, match=r"token ids outside the model's vocabulary of 1024 \(0..1023\): '<extra>' = 1024"
+    ):
+        load_artifact(fp32_copy)
+
+
+def test_the_vocabulary_check_counts_added_and_special_tokens(compiled):
+    tok = load_tokenizer(compiled("tiny-e2b", "fp32") / "tokenizer")
+    check_vocab(tok, 1024, "here")
+    with pytest.raises(TokenizerError, match=r"vocabulary of 1000 \(0..999\): .* = 1000, .* = 1001, .* = 1002 \.\.\."):
+        check_vocab(tok, 1000, "here")
+    tok.add_special_tokens({"additional_special_tokens": ["<mine>"]})
+    with pytest.raises(TokenizerError, match=r"'<mine>' = 1024"):
+        check_vocab(tok, 1024, "here")
+
+
+@pytest.mark.parametrize("rel", ["../outside/g6.pt", "/etc/passwd", "graphs/../../g.pt", "graphs//g.pt", "./g.pt"])
+def test_a_path_outside_the_folder_is_refused(fp32_copy, rel):
+    resealed(fp32_copy, lambda raw: raw["files"].update({rel: "0" * 64}))
+    with pytest.raises(ArtifactError, match=rf"{re.escape(repr(rel))} is not a path inside the artifact folder"):
+        load_meta(fp32_copy)
+
+
+def test_a_graph_that_is_not_a_listed_file_is_refused(fp32_copy):
+    resealed(fp32_copy, lambda raw: raw["graphs"].update(decode_64="../outside/g6.pt"))
+    with pytest.raises(ArtifactError, match=r"graphs: \['../outside/g6.pt'\] not in the file list"):
+        load_artifact(fp32_copy)
+
+
+def test_eos_and_golden_ids_past_the_vocabulary_are_refused(fp32_copy):
+    resealed(fp32_copy, lambda raw: raw.update(eos_token_ids=[1, 1024]))
+    with pytest.raises(ArtifactError, match=r"token ids up to 1024 \(eos or golden\) on a vocabulary of 1024"):
+        load_meta(fp32_copy)
+
+
+def test_a_symlink_out_of_the_folder_is_refused_even_with_the_right_bytes(fp32_copy, tmp_path):
+    outside = tmp_path / "outside-config.json"
+    shutil.copy(fp32_copy / "config.json", outside)
+    (fp32_copy / "config.json").unlink()
+    (fp32_copy / "config.json").symlink_to(outside)
+    (fp32_copy / "tokenizer" / "extra").symlink_to(tmp_path, target_is_directory=True)
+    assert check_files(fp32_copy, load_meta(fp32_copy)) == [
+        f"config.json: a symlink to {outside.resolve()}, outside the artifact folder",
+        "tokenizer/extra: not listed in artifact.json (`build.py compile` did not write it; remove it)",
+    ]

@@ -245,7 +245,10 @@ def test_hardware_tests_compile_each_variant_in_its_own_process():
 
 
 def test_stand_in_versions_are_sdk_2_28():
-    code = "import importlib.metadata as md\nreport({p: md.version(p) for p in ('torch-neuronx', 'neuronx-cc', 'neuronx-distributed')})"
+    code = (
+        "import importlib.metadata as md\n"
+        "report({p: md.version(p) for p in ('torch-neuronx', 'neuronx-cc', 'neuronx-distributed')})"
+    )
     assert run_python(code) == {
         "torch-neuronx": SDK_2_28["torch_neuronx"],
         "neuronx-cc": SDK_2_28["neuronx_cc"],
@@ -255,7 +258,21 @@ def test_stand_in_versions_are_sdk_2_28():
 
 def test_golden_dockerfile_pins_every_wheel_and_apt_package():
     text = Path(ROOT / "tests/golden/images/gemma-4-e2b-neuron.base.Dockerfile").read_text()
-    assert '"neuronx-cc==2.23.6484.0" "torch-neuronx==2.8.0.2.12.22436" "neuronx-distributed==0.17.26814"' in text
+    # The pins are build arguments (the manifest's values never become shell text), each used by its package.
+    pins = {
+        "NEURONX_CC": "2.23.6484.0",
+        "TORCH_NEURONX": "2.8.0.2.12.22436",
+        "NEURONX_DISTRIBUTED": "0.17.26814",
+        "NEURON_RUNTIME": "2.30.51.0",
+        "NEURON_COLLECTIVES": "2.30.59.0",
+        "NEURON_TOOLS": "2.28.23.0",
+    }
+    assert all(f'{arg}="{version}"' in text for arg, version in pins.items())
     assert (
-        "aws-neuronx-runtime-lib=2.30.51.0-* aws-neuronx-collectives=2.30.59.0-* aws-neuronx-tools=2.28.23.0-*" in text
+        '"neuronx-cc==${NEURONX_CC}" "torch-neuronx==${TORCH_NEURONX}" "neuronx-distributed==${NEURONX_DISTRIBUTED}"'
+        in text
+    )
+    assert (
+        'aws-neuronx-runtime-lib="${NEURON_RUNTIME}-*" aws-neuronx-collectives="${NEURON_COLLECTIVES}-*" '
+        'aws-neuronx-tools="${NEURON_TOOLS}-*"' in text
     )

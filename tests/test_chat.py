@@ -388,3 +388,21 @@ def test_a_schema_past_a_cap_gets_a_400_naming_it(client):
     error = resp.get_json()["error"]
     assert error["param"].startswith("tools.0.function.parameters") and "GEMMA4_SCHEMA_MAX_DEPTH" in error["message"]
     assert len(resp.get_data()) < 2048
+
+
+class Person(BaseModel):
+    name: str = Field(max_length=6)
+    age: int = Field(ge=0, le=150)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_structured_output_refuses_undeclared_properties(oai, seed):
+    """pydantic's schema as instructor sends it (no additionalProperties), sampled at T=1.5: the
+    object closes after its declared fields, as xgrammar's default compile in vLLM does."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "Person", "schema": Person.model_json_schema()}}
+    reply = oai.chat.completions.create(
+        model=MODEL, messages=[ASK], response_format=fmt, max_tokens=200, temperature=1.5, seed=seed
+    )
+    choice = reply.choices[0]
+    assert choice.finish_reason == "stop", choice.message.content
+    assert list(json.loads(choice.message.content)) == ["name", "age"]

@@ -152,3 +152,47 @@ def test_a_bad_grammar_is_one_error(grammars, grammar, match):
 def test_choice_needs_strings():
     with pytest.raises(GrammarError, match="non-empty list"):
         Grammar.choice([])
+
+
+# -- undeclared properties (the policy xgrammar compiles by default) ---------------------------------------
+def test_objects_that_declare_properties_take_no_others_unless_they_say_so():
+    schema = {
+        "type": "object",
+        "properties": {
+            "inner": {"$ref": "#/$defs/Inner"},
+            "free": {"type": "object"},  # declares none: a map, as before
+            "open": {"type": "object", "properties": {"a": {}}, "additionalProperties": True},
+            "typed": {"type": "object", "properties": {}, "additionalProperties": {"type": "integer"}},
+            "list": {"type": "array", "items": {"properties": {"b": {"type": "integer"}}}},
+            "either": {"anyOf": [{"properties": {"c": {}}}, {"type": "null"}]},
+            "both": {"allOf": [{"properties": {"d": {}}}, {"properties": {"e": {}}}]},
+            "value": {"const": {"properties": {"x": 1}}},  # data, not a schema
+        },
+        "$defs": {"Inner": {"properties": {"x": {"type": "integer"}}, "unevaluatedProperties": {"type": "string"}}},
+    }
+    out = json.loads(Grammar.json_schema(schema).source)
+    props = out["properties"]
+    assert out["additionalProperties"] is False
+    assert "additionalProperties" not in props["free"]
+    assert props["open"]["additionalProperties"] is True and props["typed"]["additionalProperties"] == {
+        "type": "integer"
+    }
+    assert props["list"]["items"]["additionalProperties"] is False
+    assert props["either"]["anyOf"][0]["additionalProperties"] is False
+    assert all("additionalProperties" not in member for member in props["both"]["allOf"])
+    assert props["value"] == schema["properties"]["value"]
+    assert "additionalProperties" not in out["$defs"]["Inner"]  # unevaluatedProperties already says
+    assert "additionalProperties" not in schema  # the client's schema is left as it came
+
+
+def test_a_schema_without_additional_properties_ends_after_its_last_field(grammars, tokenizer):
+    """Agent libraries send pydantic's schemas as they are (no additionalProperties); a sampled output
+    still closes the object after the declared fields instead of inventing more."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 6}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+    }
+    for seed in range(20):
+        text, ended = random_model_output(grammars, tokenizer, Grammar.json_schema(schema), seed)
+        assert ended and list(json.loads(text)) == ["name", "age"], text

@@ -27,6 +27,49 @@ Kind = Literal["json_schema", "json_object", "regex", "choice", "lark"]
 
 # Compact JSON: a random or weak model would otherwise spend its budget on whitespace the grammar allows.
 JSON_OPTIONS = {"whitespace_flexible": False}
+# Where a JSON schema holds schemas: maps of them, single ones, lists of them.
+SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+SCHEMA_ONE = (
+    "additionalProperties",
+    "unevaluatedProperties",
+    "items",
+    "additionalItems",
+    "unevaluatedItems",
+    "contains",
+    "propertyNames",
+    "not",
+    "if",
+    "then",
+    "else",
+)
+SCHEMA_LISTS = ("anyOf", "oneOf", "prefixItems", "items")
+
+
+def strict_objects(schema):
+    """A copy of `schema` in which an object that declares properties takes no others unless it says
+    so: `additionalProperties: false` where it declares `properties` (or `patternProperties`) and
+    neither `additionalProperties` nor `unevaluatedProperties`. xgrammar, vLLM's default backend,
+    compiles schemas so; vLLM's llguidance backend does it with `disable_additional_properties`.
+    Members of an `allOf` are left as they are (each would refuse the others' properties)."""
+    out = json.loads(json.dumps(schema))
+    todo = [(out, False)]  # (schema, is it an allOf member)
+    while todo:
+        node, in_all_of = todo.pop()
+        if not isinstance(node, dict):
+            continue
+        declares = "properties" in node or "patternProperties" in node
+        if declares and not in_all_of and not {"additionalProperties", "unevaluatedProperties"} & node.keys():
+            node["additionalProperties"] = False
+        for word in SCHEMA_MAPS:
+            if isinstance(node.get(word), dict):
+                todo += [(sub, False) for sub in node[word].values()]
+        todo += [(node[word], False) for word in SCHEMA_ONE if isinstance(node.get(word), dict)]
+        for word in SCHEMA_LISTS:
+            if isinstance(node.get(word), list):
+                todo += [(sub, False) for sub in node[word]]
+        if isinstance(node.get("allOf"), list):
+            todo += [(sub, True) for sub in node["allOf"]]
+    return out
 
 
 class GrammarError(Gemma4Error, ValueError):
@@ -44,7 +87,8 @@ class Grammar:
 
     @classmethod
     def json_schema(cls, schema: dict | bool) -> Grammar:
-        return cls("json_schema", json.dumps(schema))
+        """Undeclared properties refused unless the schema allows them (strict_objects)."""
+        return cls("json_schema", json.dumps(strict_objects(schema)))
 
     @classmethod
     def json_object(cls) -> Grammar:

@@ -176,6 +176,14 @@ SCHEMAS = {
         "properties": {"file-path": {"type": "string", "maxLength": 4}, "a b.c": {"type": "integer"}},
         "required": ["file-path", "a b.c"],
     },
+    "long strings and many items": {
+        "type": "object",
+        "properties": {
+            "s": {"type": "string", "minLength": 80, "maxLength": 100},
+            "l": {"type": "array", "items": {"type": "integer"}, "minItems": 40, "maxItems": 50},
+        },
+        "required": ["s", "l"],
+    },
     "tuples (prefixItems)": {
         "type": "object",
         "properties": {"t": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "boolean"}]}},

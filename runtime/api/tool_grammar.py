@@ -33,7 +33,9 @@ NUMBER = r"/-?(0|[1-9][0-9]{0,15})(\.[0-9]{1,16})?([eE][-+]?[0-9]{1,2})?/"
 FREE_KEY = r"/[A-Za-z_$][A-Za-z0-9_.$-]{0,63}/"  # keys of free-form objects: ones the reply parser reads back
 # String text: anything but the two control characters transformers' argument dialect reserves.
 TEXT = r"[^\x01\x02]"
-MAX_COUNT = 64  # item counts and string lengths up to this are enforced; larger bounds are left open
+# Bounds up to these are enforced, larger ones left open: a string length is a counted regex (cheap at any
+# count), an item count a counted rule repetition.
+MAX_LENGTH, MAX_ITEMS = 65536, 256
 TYPES = ("string", "integer", "number", "boolean", "null", "array", "object")
 ANNOTATIONS = ("title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly")
 
@@ -48,8 +50,8 @@ def key(name: str) -> str:
     return json.dumps(f"{name}:")
 
 
-def bound(value, default: int | None) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT else default
+def bound(value, default: int | None, top: int) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= top else default
 
 
 class _Rules:
@@ -131,7 +133,8 @@ class _Rules:
             return " | ".join(sub(schema | {"type": t}, f"type.{t}") for t in kinds)
         match types:
             case "string":
-                low, top = bound(schema.get("minLength"), 0) or 0, bound(schema.get("maxLength"), None)
+                low = bound(schema.get("minLength"), 0, MAX_LENGTH) or 0
+                top = bound(schema.get("maxLength"), None, MAX_LENGTH)
                 text = f"/{TEXT}{{{low},{'' if top is None else top}}}/"
                 return f"<[{self.quote}]> {text} <[{self.quote}]>"
             case "integer":
@@ -221,7 +224,7 @@ class _Rules:
         prefix: list = schema["prefixItems"] if isinstance(schema.get("prefixItems"), list) else []
         firsts = [sub(s, f"prefixItems.{i}") for i, s in enumerate(prefix)]
         more = schema.get("items", not prefix)
-        low, top = bound(schema.get("minItems"), 0) or 0, bound(schema.get("maxItems"), None)
+        low, top = bound(schema.get("minItems"), 0, MAX_ITEMS) or 0, bound(schema.get("maxItems"), None, MAX_ITEMS)
         if more is False or top == 0 or (top is not None and top <= len(firsts)):
             items = firsts[: top if top is not None else len(firsts)]
             return '"[" ' + ' "," '.join(items) + ' "]"' if items else '"[]"'

@@ -139,9 +139,9 @@ class ArtifactMeta(Frozen):
     def _paths_inside(self) -> ArtifactMeta:
         for rel in self.files:
             inside(rel)
-        unlisted = sorted(set(self.graphs.values()) - set(self.files))
-        if unlisted:
-            raise ValueError(f"graphs: {unlisted} not in the file list: every graph is a listed, hashed file")
+        missing = sorted(set(self.graphs.values()) - set(self.files))
+        if missing:
+            raise ValueError(f"graphs: {missing} not in the file list: every graph is a listed, hashed file")
         vocab = self.geometry.vocab
         ids = {*self.eos_token_ids, *(i for g in self.golden for i in (*g.ids, *g.tokens))}
         if ids and not 0 <= min(ids) <= max(ids) < vocab:
@@ -215,19 +215,19 @@ def check_files(folder: str | Path, meta: ArtifactMeta) -> list[str]:
             problems.append(f"{rel}: missing")
         elif sha256(p) != digest:
             problems.append(f"{rel}: sha256 mismatch (corrupted or replaced)")
-    for rel in sorted(set(_present(folder)) - set(meta.files) - {"artifact.json"}):
+    for rel in unlisted(folder, meta.files):
         problems.append(f"{rel}: not listed in artifact.json (`build.py compile` did not write it; remove it)")
     return problems
 
 
-def _present(folder: Path) -> list[str]:
-    """Every file and symlink under `folder` (symlinked folders not followed), relative, `/`-separated."""
-    out = []
-    for top, dirs, files in os.walk(folder):
+def unlisted(folder: Path, files) -> list[str]:
+    """The files and symlinks under `folder` (symlinked folders not followed) that `files` does not
+    list, besides artifact.json itself: relative, `/`-separated, sorted."""
+    present = []
+    for top, dirs, names in os.walk(folder):
         links = [d for d in dirs if os.path.islink(os.path.join(top, d))]  # os.walk does not descend into them
-        for name in files + links:
-            out.append(Path(top, name).relative_to(folder).as_posix())
-    return out
+        present += [Path(top, name).relative_to(folder).as_posix() for name in names + links]
+    return sorted(set(present) - set(files) - {"artifact.json"})
 
 
 def write_meta(folder: Path, meta: ArtifactMeta) -> None:

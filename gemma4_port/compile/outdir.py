@@ -15,6 +15,7 @@ import os
 import shutil
 from pathlib import Path
 
+from contract.artifact import unlisted
 from gemma4_port.compile.tracing import CompileError
 
 PARTIAL = ".compiling-"  # infix of the sibling a compile writes into
@@ -43,11 +44,8 @@ def _not_ours(folder: Path) -> str | None:
         return f"no readable artifact.json; it holds {held}"
     if not isinstance(files, dict):
         return "its artifact.json has no file list"
-    for p in sorted(folder.rglob("*")):
-        rel = p.relative_to(folder).as_posix()
-        if (p.is_symlink() or not p.is_dir()) and rel != "artifact.json" and rel not in files:
-            return f"{rel!r} is not listed in its artifact.json"
-    return None
+    extra = unlisted(folder, files)  # the loader's own rule: an artifact holds only what it lists
+    return f"{extra[0]!r} is not listed in its artifact.json" if extra else None
 
 
 def partial_folder(out: Path) -> Path:

@@ -34,7 +34,6 @@ import torch
 
 from contract.dtypes import DTYPES
 from contract.layout import NeuronLayout, neuron_layout
-from gemma4_port.port.lint import SBUF_PARTITION_BYTES
 from gemma4_port.port.model import Gemma4Decoder, kinds_present, kv_shapes, ring_size
 from gemma4_port.port.sharding import ShardingError, shard_model
 from gemma4_port.source.configs import text_config_for
@@ -249,19 +248,15 @@ def largest_kv_max(sizes: ModelSizes, fp: Footprint) -> int | None:
     return low if low > v.buckets[-1] else None
 
 
-# A softmax row over every key of a global cache, in float32, must fit one SBUF partition (the lint's rule).
-SOFTMAX_KEYS = SBUF_PARTITION_BYTES // 4
-
-
 def kv_max_bound(sizes: ModelSizes, fp: Footprint) -> tuple[int, str] | None:
     """The largest kv_max this variant can take, and what bounds it: the core's memory (HBM: the KV and
-    the largest graph's working set beside the weights), the lint (SBUF: a float32 softmax row over
-    kv_max keys in one SBUF partition), or the model's own context (max_position_embeddings)."""
+    the largest graph's working set beside the weights) or the model's own context
+    (max_position_embeddings). SBUF bounds no kv_max: attention runs over blocks of KEY_BLOCK keys,
+    whatever the key bucket (model.py `attention`; the lint checks each op's rows)."""
     memory = largest_kv_max(sizes, fp)
     if memory is None:
         return None
-    bounds = [(memory, "HBM"), (SOFTMAX_KEYS, "SBUF"), (sizes.config.max_position_embeddings, "context")]
-    return min(bounds, key=lambda b: b[0])
+    return min([(memory, "HBM"), (sizes.config.max_position_embeddings, "context")], key=lambda b: b[0])
 
 
 def kv_max_limit(sizes: ModelSizes, fp: Footprint) -> str:

@@ -4,8 +4,9 @@ Static shapes; KV buffers `(B, KVH, S, D)` only for layers that own a cache (kv-
 their owner's): S = kv_max for global layers, a ring of `ring` positions for sliding ones (the
 window plus a chunk: older keys are never attended). Cache writes select by a one-hot mask (never an
 index); rotary tables, masks and the one-hot write rows come from the host; word and per-layer
-embeddings are looked up on the host; explicit tanh-GELU and matmul attention; raw logits out (the
-softcap is monotonic, so argmax is unchanged; the host applies it to sample).
+embeddings are looked up on the host; explicit tanh-GELU and matmul attention over key blocks (an
+online softmax: `attention`); raw logits out (the softcap is monotonic, so argmax is unchanged; the
+host applies it to sample).
 
 Shapes: B batch slots, C prompt chunk bucket, S a kind's cache positions (T: the leading ones a
 key bucket reads, in prefill and decode), H hidden, L layers, P PLE width, V vocab, Hq/KVH this
@@ -89,17 +90,53 @@ class Attention(nn.Module):
         """q (B, Hq, S, D); k, v (B, KVH, T, D); mask (B, 1, S, T) additive. Scaling is 1.0."""
         B, _, S, D = q.shape
         s = self.shard
-        T = k.shape[2]
         k = k[:, s.kv_use_start : s.kv_use_start + s.kv_use]  # (B, KVu, T, D)
         v = v[:, s.kv_use_start : s.kv_use_start + s.kv_use]  # (B, KVu, T, D)
         # Query groups folded into the query length: one matmul per KV head, K/V never expanded or copied.
         q = q.reshape(B, s.kv_use, s.groups * S, D)  # (B, KVu, G*S, D)
-        scores = torch.matmul(q, k.transpose(-1, -2)).view(B, s.kv_use, s.groups, S, T)  # (B, KVu, G, S, T)
-        scores = scores + mask.unsqueeze(1)
-        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(B, s.kv_use, s.groups * S, T)
-        out = torch.matmul(probs, v)  # (B, KVu, G*S, D)
+        out = attention(q, k, v, mask, s.groups)  # (B, KVu, G*S, D)
         out = out.reshape(B, s.q_heads, S, D).transpose(1, 2).reshape(B, S, s.q_heads * D)  # (B, S, Hq*D)
         return self.o_proj(out)  # (B, S, H), a partial sum when tp > 1
+
+
+# Keys per attention block. One block's float32 scores for a query row are 2 KiB: a PSUM bank holds
+# 512 float32 per partition, the most one TensorE matmul writes (aws-neuron-sdk v2.28.0
+# nki/guides/architecture/trainium_inferentia2_arch.rst:169-170).
+KEY_BLOCK = 512
+
+
+def attention(q, k, v, mask, groups: int, block: int = KEY_BLOCK) -> torch.Tensor:
+    """softmax(q k^T + mask) v over key blocks, in plain ops: a flash-style online softmax keeps each
+    query row's running max and sum in float32 and rescales the accumulated output when a later block
+    raises the max, so no op ever spans more than `block` keys (NxD Inference switches to a flash
+    kernel from 4,096 keys for the same reason: attention_base.py:1377-1379 at its SDK 2.28 release).
+    A row of at most one block is one plain softmax. The mask is finite (contract/hostside.py), so a
+    fully masked block gives finite scores whose weight a later real key's max rescales to zero.
+    q (B, KVu, G*S, D); k, v (B, KVu, T, D); mask (B, 1, S, T). Returns (B, KVu, G*S, D) in q's dtype."""
+    B, KVu, GS, D = q.shape
+    S, T = GS // groups, k.shape[2]
+    if T <= block:
+        scores = torch.matmul(q, k.transpose(-1, -2)).view(B, KVu, groups, S, T) + mask.unsqueeze(1)
+        probs = torch.softmax(scores.float(), dim=-1).to(q.dtype).view(B, KVu, GS, T)  # (B, KVu, G*S, T)
+        return torch.matmul(probs, v)
+    top = total = acc = None
+    for start in range(0, T, block):
+        stop = min(start + block, T)
+        kb, vb = k[:, :, start:stop], v[:, :, start:stop]  # (B, KVu, Tb, D)
+        scores = torch.matmul(q, kb.transpose(-1, -2)).view(B, KVu, groups, S, stop - start)  # (B, KVu, G, S, Tb)
+        scores = (scores + mask[..., start:stop].unsqueeze(1)).float()
+        block_top = scores.amax(-1, keepdim=True)  # (B, KVu, G, S, 1)
+        new_top = block_top if top is None else torch.maximum(top, block_top)
+        p = torch.exp(scores - new_top)  # (B, KVu, G, S, Tb), each <= 1
+        part = torch.matmul(p.to(q.dtype).view(B, KVu, GS, stop - start), vb).float().view(B, KVu, groups, S, D)
+        if top is None:
+            total, acc = p.sum(-1, keepdim=True), part
+        else:
+            rescale = torch.exp(top - new_top)  # (B, KVu, G, S, 1)
+            total = total * rescale + p.sum(-1, keepdim=True)
+            acc = acc * rescale + part
+        top = new_top
+    return (acc / total).to(q.dtype).view(B, KVu, GS, D)
 
 
 def write_one_hot(buf: torch.Tensor, new: torch.Tensor, oh: torch.Tensor) -> torch.Tensor:

@@ -30,6 +30,7 @@ from gemma4_port import MANIFESTS
 from gemma4_port.bench import batching, concurrency, constrained, host_overhead, longctx, memory, report, throughput
 from gemma4_port.bench.errors import BenchError
 from gemma4_port.bench.server import Server
+from gemma4_port.console import console as build_console
 from gemma4_port.source.manifest import Manifest, Variant, load_manifest, parse_manifest
 
 SCALE_MANIFEST = {"tiny": MANIFESTS / "tiny-e2b.yaml", "small": MANIFESTS / "small-e2b.yaml"}
@@ -248,9 +249,7 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
 
 def bench_main(args) -> int:
     settings = SCALES[args.model_scale]
-    console = Console()
-    if not console.is_terminal:  # a log file: room for the widest table rather than 80 columns
-        console = Console(width=170)
+    console = build_console()
     if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
         console.log(
             f"note: torch uses {torch.get_num_threads()} threads here and so will the servers; on a small or "

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from gemma4_port import ROOT
+from gemma4_port.console import console as build_console
 from gemma4_port.images.plan import (
     BUILD_TOOLS,
     SERVER_CODE,
@@ -317,7 +318,7 @@ def summary(title: str, rows: list) -> Table:
 
 
 def images_main(args) -> int:
-    out = Console(width=None if sys.stdout.isatty() else 160)
+    out = build_console()
     log = Console(stderr=True, soft_wrap=True)  # build logs as they come, never re-wrapped
     if args.out and not args.dry_run:
         raise ImageError("--out writes the rendered Dockerfiles of a --dry-run: add --dry-run")

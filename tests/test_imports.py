@@ -9,10 +9,17 @@ from pathlib import Path
 from support import ROOT
 from support.sources import project_modules
 
-# What the build package may take from the server: the load path verify shares with it, and the rank
-# group the CPU tensor-parallel compile traces its ranks in (the server runs them in the same one). The host
-# overhead bench also times the server's own per-token host work (sampling, detokenising).
-RUNTIME_FOR_BUILD = {"runtime", "runtime.model", "runtime.model.loader", "runtime.model.ranks"}
+# What the build package may take from the server: the load path verify shares with it, the rank group
+# the CPU tensor-parallel compile traces its ranks in (the server runs them in the same one), and the probe
+# of the installed Neuron SDK (the compile and doctor ask what the server asks). The host overhead bench
+# also times the server's own per-token host work (sampling, detokenising).
+RUNTIME_FOR_BUILD = {
+    "runtime",
+    "runtime.model",
+    "runtime.model.loader",
+    "runtime.model.ranks",
+    "runtime.model.neuron_sdk",
+}
 RUNTIME_FOR_BENCH = {
     "gemma4_port.bench.host_overhead": {"runtime.generate.sampling", "runtime.generate.detok"},
     # it times the server's constrained choice and logprobs with the server's own code

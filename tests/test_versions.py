@@ -1,5 +1,5 @@
-"""contract/versions.py: the load-time check of recorded against installed builds, pins that admit
-one build each, and the host driver check."""
+"""contract/versions.py and runtime/model/neuron_sdk.py: the load-time check of recorded against
+installed builds, pins that admit one build each, and the host driver check."""
 
 from pathlib import Path
 
@@ -7,13 +7,13 @@ import pytest
 
 from contract.versions import (
     VersionMismatch,
-    check_driver,
     check_versions,
     driver_problem,
     matches_pin,
     pin_problems,
     version_problems,
 )
+from runtime.model.neuron_sdk import check_driver
 
 RECORDED = {
     "neuronx-cc": "2.23.6484.0+3b612583",

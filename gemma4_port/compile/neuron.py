@@ -32,7 +32,7 @@ from contract.artifact import Geometry, prefill_graphs
 from contract.dtypes import DTYPES
 from contract.hostside import HostInputs
 from contract.layout import HOST_KV, NXD_MODEL, NeuronLayout, neuron_layout, signature
-from contract.versions import installed_versions, pin_problems, require
+from contract.versions import pin_problems
 from gemma4_port.compile.pipeline import Build, step
 from gemma4_port.compile.platform import pin_platform
 from gemma4_port.compile.tracing import CompileError, example_inputs, geometry, trace_quietly
@@ -42,6 +42,7 @@ from gemma4_port.port.model import Gemma4Decoder, kv_shapes, ring_size
 from gemma4_port.port.sharding import SPLIT, ModelShard, ShardingError, shard_model
 from gemma4_port.source.checkpoint import CheckpointReader, cache_root
 from gemma4_port.source.manifest import Manifest, Toolchain, Variant
+from runtime.model.neuron_sdk import installed_versions, require
 
 GRAPHS = {"prefill": PrefillGraph, "decode": DecodeGraph, "copy": CopyGraph}
 DECODER = "graph.decoder."  # where Gemma4Decoder's tensors sit inside a DeviceKV module

@@ -38,6 +38,7 @@ from gemma4_port.source.checkpoint import CheckpointReader, read_text_config, re
 from gemma4_port.source.manifest import Manifest, Variant
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from runtime.model.loader import SelfTestFailed, load_artifact
+from runtime.model.neuron_sdk import wheel_versions
 
 GOLDEN_STEPS = 8
 GOLDEN_PROMPTS = (
@@ -164,15 +165,10 @@ def eos_token_ids(ckpt: Path, tokenizer) -> tuple[int, ...]:
 
 
 def versions() -> dict[str, str]:
-    import importlib.metadata as md
-
-    out = {"python": platform.python_version()}
-    for pkg in ("torch", "transformers", "tokenizers", "safetensors"):
-        try:
-            out[pkg] = md.version(pkg)
-        except md.PackageNotFoundError:
-            pass
-    return out
+    """The Python and the libraries every artifact records (a Neuron build adds the SDK's)."""
+    return {"python": platform.python_version()} | wheel_versions(
+        ("torch", "transformers", "tokenizers", "safetensors")
+    )
 
 
 def finish(b: Build, graphs: dict[str, str], backend: str, progress, extra_versions=None) -> Path:

@@ -32,18 +32,11 @@ from pathlib import Path
 
 from contract.errors import Gemma4Error
 from contract.layout import visible_cores
-from contract.versions import (
-    NEURON_PIP_INDEX,
-    SYSTEM_PACKAGES,
-    driver_problem,
-    driver_version,
-    installed_versions,
-    matches_pin,
-    system_package_version,
-)
+from contract.versions import NEURON_PIP_INDEX, SYSTEM_PACKAGES, driver_problem, matches_pin
 from gemma4_port import MANIFESTS, ROOT
 from gemma4_port.source.checkpoint import cache_root
 from gemma4_port.source.manifest import Toolchain, load_manifest
+from runtime.model.neuron_sdk import driver_version, installed_versions, system_package_version
 
 
 class DoctorError(Gemma4Error, ValueError):

@@ -22,7 +22,8 @@ import torch
 
 from contract.artifact import ArtifactMeta, prefill_graphs
 from contract.layout import HOST_KV, KV_STATE, NXD_WEIGHTS, neuron_layout, rank_cores
-from contract.versions import check_driver, check_versions, installed_versions, require
+from contract.versions import check_versions
+from runtime.model.neuron_sdk import check_driver, installed_versions, require
 
 log = logging.getLogger(__name__)
 START_RANK = torch.tensor([0], dtype=torch.int32)  # this process drives every rank, from the first

@@ -310,3 +310,32 @@ def test_schemas_the_grammar_cannot_follow_are_refused(tok, schema, words):
     tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": schema}})
     with pytest.raises(ChatTemplateError, match=words):
         forced_calls(tok, [tool], None, parallel=False)
+
+
+def deep_list(levels: int) -> list:
+    out: list = [1]
+    for _ in range(levels):
+        out = [out]
+    return out
+
+
+@pytest.mark.parametrize(
+    "schema,variable",
+    [
+        ({"$ref": "#"}, "GEMMA4_SCHEMA_MAX_REF_DEPTH"),  # a $ref to itself admits nothing: refused, not looped
+        (
+            {
+                "properties": {"a": {"$ref": "#/$defs/A"}},
+                "$defs": {"A": {"$ref": "#/$defs/B"}, "B": {"$ref": "#/$defs/A"}},
+            },
+            "GEMMA4_SCHEMA_MAX_REF_DEPTH",
+        ),
+        ({"properties": {"a": {"const": deep_list(200)}}}, "GEMMA4_SCHEMA_MAX_DEPTH"),
+        ({"properties": {"k" * 5000: {"properties": {"x:y" * 2000: {}}}}}, "cannot be written"),
+    ],
+)
+def test_hostile_schemas_get_a_short_refusal(tok, schema, variable):
+    tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": schema}})
+    with pytest.raises(ChatTemplateError, match=variable) as err:
+        forced_calls(tok, [tool], None, parallel=False)
+    assert len(err.value.param) + len(str(err.value)) < 1024

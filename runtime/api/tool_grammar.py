@@ -65,7 +65,8 @@ class _Rules:
         self.has_any = False  # the rules for values of any shape are written once, when first needed
 
     def fail(self, where: str, message: str) -> NoReturn:
-        raise ChatTemplateError(where, message)
+        # The path is cut short: a refusal names where, never echoes a schema's worth of it.
+        raise ChatTemplateError(where if len(where) <= 160 else where[:160] + "...", message[:400])
 
     def name(self) -> str:
         if len(self.lines) >= self.limits.schema_max_rules:
@@ -215,7 +216,8 @@ class _Rules:
 
     def key(self, name: str, where: str) -> str:
         if not carried_key(name):
-            self.fail(where, f"property name {name!r} cannot be written in Gemma-4's call syntax (keys are bare)")
+            shown = repr(name) if len(name) <= 60 else repr(name[:60]) + "..."
+            self.fail(where, f"property name {shown} cannot be written in Gemma-4's call syntax (keys are bare)")
         return key(name)
 
     def array(self, schema: dict, sub) -> str:

@@ -1,6 +1,9 @@
 """Server settings: read from the environment once, validated into one frozen object.
 
-A bad value stops the server before anything loads, with one line naming the variable."""
+A bad value stops the server before anything loads, with one line naming the variable. Every limit a
+request can meet is here, grouped (`grammar_limits`, `requests`), each with its variable; the defaults are
+what a small team sharing one server would pick: generous for real clients, small enough that no one
+request can hold the model or the host for long."""
 
 from __future__ import annotations
 
@@ -25,9 +28,11 @@ ENV = {
     "port": "GEMMA4_PORT",
     "prefix_reuse": "GEMMA4_PREFIX_REUSE",
     "prefill_chunks_per_step": "GEMMA4_PREFILL_CHUNKS_PER_STEP",
+    # grammar_limits' fields named before the groups had a prefix of their own
     "schema_max_depth": "GEMMA4_SCHEMA_MAX_DEPTH",
     "schema_max_ref_depth": "GEMMA4_SCHEMA_MAX_REF_DEPTH",
     "schema_max_rules": "GEMMA4_SCHEMA_MAX_RULES",
+    "trust_request_chat_template": "GEMMA4_TRUST_REQUEST_CHAT_TEMPLATE",
 }
 
 
@@ -35,19 +40,55 @@ class SettingsError(Gemma4Error, ValueError):
     pass
 
 
-class GrammarLimits(BaseModel):
-    """What a request's grammar may cost before the grammar engine's native code sees it: every refusal
-    names the cap and its variable. One place for all of them (ServerSettings.grammar_limits)."""
+class _Limits(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
-    model_config = ConfigDict(frozen=True)
 
-    schema_max_depth: int = Field(default=64, ge=1, le=1024)  # schema nesting levels, $ref hops included
+class GrammarLimits(_Limits):
+    """What an output constraint (schema, regex, choice list, Lark grammar, the grammar made from a
+    request's tools) may be. Ours are checked before llguidance sees the text (its parsers recurse
+    natively: a 3,000-rule Lark chain or a 1,500-deep `$ref` chain overflowed the stack and killed the
+    process); llguidance's own bound the work it does, compiling and at each step. Every refusal names
+    the cap and its variable."""
+
+    schema_max_depth: int = Field(default=64, ge=1, le=1024)  # tool schema nesting levels, $ref hops included
     schema_max_ref_depth: int = Field(default=32, ge=1, le=1024)  # $refs followed on one path
     schema_max_rules: int = Field(default=4096, ge=16, le=1 << 20)  # grammar rules made from a request's tools
 
+    max_bytes: int = Field(default=64 * 1024, ge=1024)  # the grammar's text (a schema as JSON)
+    max_depth: int = Field(default=64, ge=4)  # nesting: a schema's objects and arrays, a grammar's brackets
+    max_nodes: int = Field(default=5_000, ge=16)  # a schema's objects and arrays, all told
+    max_rules: int = Field(default=1_000, ge=4)  # a Lark grammar's rule and token definitions
+    max_choices: int = Field(default=1_000, ge=1)  # a choice list's strings
+    compile_timeout_s: float = Field(default=10.0, gt=0)  # a request waits this long for its grammar at most
+    compile_threads: int = Field(default=2, ge=1, le=16)  # grammars compiled at once (off the engine thread)
+    lexer_fuel: int = Field(default=100_000, ge=1_000)  # llguidance's initial_lexer_fuel (~50k/ms)
+    step_lexer_fuel: int = Field(default=200_000, ge=1_000)  # llguidance's, per decode step (~14k/ms)
+    step_max_items: int = Field(default=50_000, ge=1_000)  # llguidance's Earley items per step (~20k/ms)
+    max_lexer_states: int = Field(default=50_000, ge=1_000)  # llguidance's; 1-2 kB of memory each
+    max_grammar_size: int = Field(default=200_000, ge=1_000)  # llguidance's: symbols in all productions
+
     def refusal(self, field: str, what: str) -> str:
         """`what`, then the cap that refused it and how to raise it."""
-        return f"{what}: the limit is {getattr(self, field)} ({ENV[field]})"
+        return f"{what}: the limit is {getattr(self, field)} ({env_names()['grammar_limits.' + field]})"
+
+
+class RequestLimits(_Limits):
+    """What one request may ask for; each refusal names the cap and the request's value."""
+
+    max_n: int = Field(default=16, ge=1, le=128)  # choices (n), and best_of (completions' runs)
+    max_total_tokens: int = Field(default=16_384, ge=1)  # runs x max_tokens: the work one request may queue
+    max_top_logprobs: int = Field(default=20, ge=0, le=20)  # alternatives per token (chat) or logprobs <= 5
+    max_tools: int = Field(default=64, ge=1)
+    max_stops: int = Field(default=16, ge=1)  # stop strings
+    max_stop_bytes: int = Field(default=256, ge=1)  # each stop string, in UTF-8
+    max_stop_token_ids: int = Field(default=64, ge=1)
+    max_logit_bias: int = Field(default=300, ge=1)  # entries (OpenAI's own cap)
+    max_messages: int = Field(default=1_000, ge=1)  # chat messages, and /tokenize's
+    max_rendered_chars: int = Field(default=4 << 20, ge=1024)  # the prompt the chat template writes
+    render_timeout_s: float = Field(default=5.0, gt=0)  # templating one request (other requests wait meanwhile)
+    max_template_kwargs: int = Field(default=16, ge=0)  # chat_template_kwargs entries
+    max_ignored_fields: int = Field(default=256, ge=0)  # unknown field names remembered (each logged once)
 
 
 class ServerSettings(BaseModel):
@@ -63,7 +104,11 @@ class ServerSettings(BaseModel):
     prefill_chunks_per_step: int = Field(default=1, ge=0)  # prompt chunks between decode steps; 0 = whole prompts
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=1, le=65535)
-    grammar_limits: GrammarLimits = GrammarLimits()  # its fields are read from their own variables
+    # A request's own chat template (chat_template_kwargs.chat_template): off, as vLLM's
+    # --trust-request-chat-template; any client could otherwise replace what the server renders.
+    trust_request_chat_template: bool = False
+    grammar_limits: GrammarLimits = GrammarLimits()
+    requests: RequestLimits = RequestLimits()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> ServerSettings:
@@ -72,14 +117,31 @@ class ServerSettings(BaseModel):
                 f"{ENV['artifact']} is not set: point it at an artifact directory from `build.py compile`"
             )
         # An empty variable means "unset": the default applies (and an empty API key is no key).
-        raw: dict = {field: environ[var] for field, var in ENV.items() if environ.get(var, "") != ""}
-        raw["grammar_limits"] = {f: raw.pop(f) for f in GrammarLimits.model_fields if f in raw}
+        raw: dict = {}
+        for name, var in env_names().items():
+            if environ.get(var, "") != "":
+                *groups, field = name.split(".")
+                target = raw
+                for group in groups:
+                    target = target.setdefault(group, {})
+                target[field] = environ[var]
         try:
             return cls.model_validate(raw)
         except ValidationError as exc:
             err = exc.errors()[0]
-            var = ENV[str(err["loc"][-1] if err["loc"][0] == "grammar_limits" else err["loc"][0])]
+            var = env_names()[".".join(str(p) for p in err["loc"])]
             raise SettingsError(f"{var}={environ.get(var)!r}: {err['msg']}") from None
+
+
+def env_names() -> dict[str, str]:
+    """Every setting's dotted name -> its variable: the top-level ones as listed in ENV, a group's
+    field as listed in ENV or by its group's prefix (requests.max_n: GEMMA4_MAX_N;
+    grammar_limits.max_bytes: GEMMA4_GRAMMAR_MAX_BYTES)."""
+    out = {name: var for name, var in ENV.items() if name in ServerSettings.model_fields}
+    for group, prefix in (("grammar_limits", "GEMMA4_GRAMMAR_"), ("requests", "GEMMA4_")):
+        for field in ServerSettings.model_fields[group].annotation.model_fields:
+            out[f"{group}.{field}"] = ENV.get(field, prefix + field.upper())
+    return out
 
 
 def check_backend(settings: ServerSettings, artifact_backend: str) -> None:

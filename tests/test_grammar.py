@@ -3,8 +3,10 @@ produces output that parses and validates."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
+import time
 
 import jsonschema
 import numpy as np
@@ -12,6 +14,8 @@ import pytest
 
 from gemma4_port.source.toy_tokenizer import EOS_ID, SPECIAL_TOKENS, TURN_END, train_tokenizer
 from runtime.generate.grammar import Grammar, GrammarCompiler, GrammarError
+from runtime.generate.grammar_checks import GrammarLimitError
+from runtime.settings import GrammarLimits
 
 VOCAB = 1024
 EOS = (EOS_ID, SPECIAL_TOKENS.index(TURN_END))  # the special tokens take the first ids, in order
@@ -152,6 +156,77 @@ def test_a_bad_grammar_is_one_error(grammars, grammar, match):
 def test_choice_needs_strings():
     with pytest.raises(GrammarError, match="non-empty list"):
         Grammar.choice([])
+
+
+def lark_chain(rules: int) -> Grammar:
+    """start -> r0 -> r1 -> ... -> "a": each rule one level deeper in llguidance's native recursion."""
+    return Grammar.lark("start: r0\n" + "".join(f"r{i}: r{i + 1}\n" for i in range(rules)) + f'r{rules}: "a"')
+
+
+def ref_chain(defs: int) -> Grammar:
+    """A schema whose `$ref`s chain `defs` definitions deep, each an anyOf (the costliest shape)."""
+    chain = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}, {"type": "null"}]} for i in range(defs)}
+    return Grammar.json_schema({"$ref": "#/$defs/d0", "$defs": chain | {f"d{defs}": {"type": "string"}}})
+
+
+def nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize(
+    "grammar, limit",
+    [
+        (lark_chain(10_000), "GEMMA4_GRAMMAR_MAX_BYTES"),  # 128 KB: it overflowed the native stack
+        (lark_chain(1_500), "GEMMA4_GRAMMAR_MAX_RULES"),
+        (ref_chain(1_500), "GEMMA4_GRAMMAR_MAX_BYTES"),
+        (ref_chain(400), "GEMMA4_GRAMMAR_MAX_NODES"),
+        (Grammar.json_schema(nested(200)), "GEMMA4_GRAMMAR_MAX_DEPTH"),
+        (Grammar.regex("(" * 100 + "a" + ")" * 100), "GEMMA4_GRAMMAR_MAX_DEPTH"),
+        (Grammar.choice([f"option {i}" for i in range(2_000)]), "GEMMA4_GRAMMAR_MAX_CHOICES"),
+    ],
+)
+def test_grammars_over_a_limit_are_refused_before_llguidance_sees_them(tokenizer, grammar, limit):
+    compiler = GrammarCompiler(tokenizer, VOCAB, EOS, GrammarLimits(max_nodes=1_000))
+    with pytest.raises(GrammarLimitError, match=limit) as info:
+        compiler.compile(grammar)
+    assert len(str(info.value)) < 200 and "r1:" not in str(info.value) and "$defs" not in str(info.value)
+
+
+def test_a_schema_deeper_than_python_recursion_is_refused_not_a_crash():
+    with pytest.raises(GrammarLimitError, match="nests deeper"):
+        Grammar.json_schema(nested(100_000))
+
+
+def test_grammars_that_overflowed_the_default_stack_compile_on_the_compile_threads(tokenizer):
+    """With our limits raised past them, what killed the process on an 8 MB stack compiles (a 256 MB one)."""
+    raised = GrammarLimits(max_bytes=1 << 20, max_rules=20_000, max_nodes=100_000)
+    compiler = GrammarCompiler(tokenizer, VOCAB, EOS, raised)
+    for grammar in (lark_chain(10_000), ref_chain(1_500)):
+        assert not compiler.compile(grammar).finished
+
+
+def test_a_grammar_slow_to_start_is_bounded_by_llguidances_fuel(grammars):
+    """`a{1000}{1000}` took 6-7 s of the engine thread at its first mask with llguidance's default fuel."""
+    start = time.perf_counter()
+    with contextlib.suppress(GrammarError):
+        grammars.compile(Grammar.regex("a{1000}{1000}"))
+    assert time.perf_counter() - start < 3.0
+
+
+def test_a_compile_that_misses_its_deadline_is_a_grammar_error(tokenizer):
+    compiler = GrammarCompiler(tokenizer, VOCAB, EOS, GrammarLimits(compile_timeout_s=0.001, max_choices=1_000))
+    with pytest.raises(GrammarError, match="GEMMA4_GRAMMAR_COMPILE_TIMEOUT_S"):
+        compiler.compile(Grammar.choice([f"option number {i}" for i in range(1_000)]))
+
+
+def test_llguidances_messages_are_short_and_terse(grammars):
+    rules = "".join(f'rule{i}: "{"x" * 50}"\n' for i in range(200))
+    with pytest.raises(GrammarError) as info:
+        grammars.compile(Grammar.lark(rules + "start: missing_rule"))
+    assert len(str(info.value)) <= 300 and "x" * 50 not in str(info.value)
 
 
 # -- undeclared properties (the policy xgrammar compiles by default) ---------------------------------------

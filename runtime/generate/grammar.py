@@ -8,25 +8,47 @@ grammars and makes matchers. A `GrammarMatcher` gives each decode step a boolean
 and consumes the sampled token; the end-of-generation ids are allowed exactly when the grammar may
 stop, so a constrained output always ends where the grammar lets it.
 
+A grammar is checked against our limits first (runtime/generate/grammar_checks.py), then compiled
+under llguidance's own (`LLParserLimits`, terse errors) on a few threads of the compiler's own, with
+a large native stack and a deadline, never on the engine thread: what `compile` returns is a matcher
+that has computed its first mask (a grammar that cannot start fails there, as a 400), which each of a
+request's choices forks in the engine at no cost.
+
 llguidance over xgrammar, measured at vocab 262,144 (README, *Structured outputs*): no per-schema
 compile (xgrammar: ~3.8 s for a new schema at this vocabulary), and a lower p99 per step."""
 
 from __future__ import annotations
 
 import json
+import queue
+import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import numpy as np
 
 from contract.errors import Gemma4Error
+from runtime.generate import grammar_checks
+from runtime.settings import GrammarLimits
 
 Kind = Literal["json_schema", "json_object", "regex", "choice", "lark"]
 
 # Compact JSON: a random or weak model would otherwise spend its budget on whitespace the grammar allows.
 JSON_OPTIONS = {"whitespace_flexible": False}
+MAX_MESSAGE_CHARS = 300  # of llguidance's message: it may quote the grammar
+MAX_QUOTE_CHARS = 40  # of a quoted piece of the grammar within it
+QUOTED = re.compile(f'"[^"]{{{MAX_QUOTE_CHARS + 1},}}"')
+# Native stack of a compile thread: llguidance's parsers recurse, and the 8 MB default overflowed on
+# grammars our limits allow only just (virtual memory; only the pages a parse touches are resident).
+COMPILE_STACK_BYTES = 256 << 20
+QUEUED_PER_THREAD = 4  # compiles waiting for a thread, beyond which a request is told to retry
+T = TypeVar("T")
+
+
 # Where a JSON schema holds schemas: maps of them, single ones, lists of them.
 SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
 SCHEMA_ONE = (
@@ -74,10 +96,17 @@ def strict_objects(schema):
 
 class GrammarError(Gemma4Error, ValueError):
     """A grammar llguidance refuses, or a token its matcher cannot take (llguidance's message, on one
-    line: it points at the fault with a caret over several)."""
+    line, shortened: it points at the fault with a caret over several, and may quote the grammar)."""
 
     def __init__(self, message: str):
-        super().__init__(" ".join(message.split()))
+        # llguidance quotes the grammar on indented lines under its message (`  12 | rule: ...`, a caret)
+        lines = [line for line in message.splitlines() if line.strip() and not line[:1].isspace()]
+        text = QUOTED.sub(lambda m: m[0][:MAX_QUOTE_CHARS] + '…"', " ".join(" ".join(lines).split()))
+        super().__init__(text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "…")
+
+
+class GrammarBusy(Gemma4Error, RuntimeError):
+    """Every compile thread is taken and enough compiles wait: retry shortly (a 503)."""
 
 
 @dataclass(frozen=True)
@@ -88,7 +117,10 @@ class Grammar:
     @classmethod
     def json_schema(cls, schema: dict | bool) -> Grammar:
         """Undeclared properties refused unless the schema allows them (strict_objects)."""
-        return cls("json_schema", json.dumps(strict_objects(schema)))
+        try:
+            return cls("json_schema", json.dumps(strict_objects(schema)))
+        except RecursionError:  # deeper than any limit: refused by its depth
+            raise grammar_checks.GrammarLimitError("the schema nests deeper than Python's JSON encoder goes") from None
 
     @classmethod
     def json_object(cls) -> Grammar:
@@ -122,42 +154,97 @@ class Grammar:
         return LLMatcher.grammar_from_lark(self.source)
 
 
-class GrammarCompiler:
-    """llguidance's view of one tokenizer; makes a matcher per request."""
+class _CompileThreads:
+    """A few daemon threads with a large native stack that run compiles; a caller waits for its own
+    at most until its deadline (the thread finishes it anyway, within llguidance's limits)."""
 
-    def __init__(self, tokenizer, vocab: int, eos_ids: Sequence[int]):
+    def __init__(self, threads: int):
+        self._jobs: queue.Queue = queue.Queue(maxsize=threads * QUEUED_PER_THREAD)
+        previous = threading.stack_size(COMPILE_STACK_BYTES)
+        try:
+            for i in range(threads):
+                threading.Thread(target=self._work, name=f"gemma4-grammar-{i}", daemon=True).start()
+        finally:
+            threading.stack_size(previous)
+
+    def _work(self) -> None:
+        while True:
+            call, future = self._jobs.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(call())
+                except Exception as exc:  # noqa: BLE001 - the caller gets it
+                    future.set_exception(exc)
+
+    def run(self, call: Callable[[], T], timeout_s: float) -> T:
+        future: Future = Future()
+        try:
+            self._jobs.put_nowait((call, future))
+        except queue.Full:
+            raise GrammarBusy("the server is compiling as many grammars as it can; retry shortly") from None
+        try:
+            return future.result(timeout_s)
+        except FutureTimeout:
+            future.cancel()
+            raise GrammarError(
+                f"the grammar was not compiled within {timeout_s:g} s (GEMMA4_GRAMMAR_COMPILE_TIMEOUT_S)"
+            ) from None
+
+
+class GrammarCompiler:
+    """llguidance's view of one tokenizer; checks and compiles a request's grammar into a matcher."""
+
+    def __init__(self, tokenizer, vocab: int, eos_ids: Sequence[int], limits: GrammarLimits | None = None):
         import llguidance.hf
+        from llguidance import LLParserLimits
 
         # n_vocab is the logits' width: a model's rows may be wider than its tokenizer.
         self.vocab = vocab
         self.tokenizer = llguidance.hf.from_tokenizer(tokenizer, n_vocab=vocab, eos_token=list(eos_ids))
+        self.limits = limits = limits or GrammarLimits()
+        self.parser_limits = LLParserLimits(
+            initial_lexer_fuel=limits.lexer_fuel,
+            step_lexer_fuel=limits.step_lexer_fuel,
+            step_max_items=limits.step_max_items,
+            max_lexer_states=limits.max_lexer_states,
+            max_grammar_size=limits.max_grammar_size,
+            verbose_errors=False,  # verbose ones carry the grammar and the parser's state
+        )
+        self._threads = _CompileThreads(limits.compile_threads)
 
-    def compile(self, grammar: Grammar) -> str:
-        """The grammar string, or a GrammarError saying what llguidance refused."""
+    def compile(self, grammar: Grammar) -> GrammarMatcher:
+        """A matcher at the grammar's start, its first mask computed; GrammarLimitError over one of
+        our limits, GrammarError for what llguidance refused (or a deadline missed), GrammarBusy."""
+        grammar_checks.check(grammar.kind, grammar.source, self.limits)
+        return self._threads.run(lambda: self._build(grammar), self.limits.compile_timeout_s)
+
+    def _build(self, grammar: Grammar) -> GrammarMatcher:
         from llguidance import LLMatcher
 
         try:
             text = grammar.llguidance()
         except ValueError as exc:
             raise GrammarError(str(exc)) from None
-        error = LLMatcher.validate_grammar(text, self.tokenizer)
+        error = LLMatcher.validate_grammar(text, self.tokenizer, limits=self.parser_limits)
         if error:
             raise GrammarError(error)
-        return text
+        matcher = GrammarMatcher(self, text)
+        matcher.allowed()  # the first mask: a grammar that cannot start fails here, not in the engine
+        return matcher
 
-    def matcher(self, grammar: Grammar | str) -> GrammarMatcher:
-        """A fresh matcher; `grammar` is a Grammar or the string `compile` returned."""
-        return GrammarMatcher(self, grammar if isinstance(grammar, str) else self.compile(grammar))
+    def matcher(self, grammar: Grammar | GrammarMatcher) -> GrammarMatcher:
+        """A fresh matcher: for a Grammar (compiled now), or a copy of one `compile` returned."""
+        return grammar.fork() if isinstance(grammar, GrammarMatcher) else self.compile(grammar)
 
 
 class GrammarMatcher:
     """One generation's place in its grammar."""
 
-    def __init__(self, grammars: GrammarCompiler, compiled: str):
+    def __init__(self, compiler: GrammarCompiler, compiled: str):
         from llguidance import LLMatcher
 
-        self.vocab = grammars.vocab
-        self._m = LLMatcher(grammars.tokenizer, compiled, log_level=0)
+        self.vocab = compiler.vocab
+        self._m = LLMatcher(compiler.tokenizer, compiled, log_level=0, limits=compiler.parser_limits)
         if self._m.is_error():
             raise GrammarError(self._m.get_error())
         self._bits = np.zeros((vocab_words(self.vocab),), dtype=np.int32)
@@ -189,7 +276,7 @@ class GrammarMatcher:
         return self._m.is_stopped()
 
     def fork(self) -> GrammarMatcher:
-        """An independent copy at the same place (n > 1 choices after a shared prompt)."""
+        """An independent copy at the same place (each choice of a request, from the compiled one)."""
         twin = object.__new__(GrammarMatcher)
         twin.vocab, twin._m = self.vocab, self._m.deep_copy()
         twin._bits = np.zeros_like(self._bits)
@@ -207,8 +294,8 @@ def _unpack(bits: np.ndarray, vocab: int) -> np.ndarray:
 class LazyGrammarCompiler:
     """`GrammarCompiler` made on first use (a server whose clients never constrain never pays for it)."""
 
-    def __init__(self, tokenizer, vocab: int, eos_ids: Sequence[int]):
-        self._args = (tokenizer, vocab, eos_ids)
+    def __init__(self, tokenizer, vocab: int, eos_ids: Sequence[int], limits: GrammarLimits | None = None):
+        self._args = (tokenizer, vocab, eos_ids, limits)
         self._made: GrammarCompiler | None = None
         self._lock = threading.Lock()
 

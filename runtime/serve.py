@@ -33,6 +33,7 @@ def gunicorn_options(settings: ServerSettings) -> dict:
         "graceful_timeout": 60,  # on SIGTERM: drain (runtime/httpworker.py), let the requests in flight finish, exit
         "keepalive": 5,
         "accesslog": "-",
+        "logger_class": "runtime.http.accesslog.RedactingLogger",  # no credential in any line it writes
         "errorlog": "-",
         "loglevel": "info",
         "control_socket_disable": True,  # gunicorn 27 would otherwise share one socket path between servers

@@ -25,6 +25,11 @@ TYPES = {
 }
 
 
+def error_type(status: int) -> str:
+    """OpenAI's type for a status: the listed ones, else any client error is an invalid request."""
+    return TYPES.get(status) or ("invalid_request_error" if 400 <= status < 500 else "server_error")
+
+
 class APIError(Gemma4Error):
     def __init__(
         self,
@@ -42,7 +47,7 @@ class APIError(Gemma4Error):
         return {
             "error": {
                 "message": self.message,
-                "type": TYPES.get(self.status, "server_error"),
+                "type": error_type(self.status),
                 "param": self.param,
                 "code": self.code,
             }

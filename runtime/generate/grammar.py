@@ -20,18 +20,16 @@ compile (xgrammar: ~3.8 s for a new schema at this vocabulary), and a lower p99 
 from __future__ import annotations
 
 import json
-import queue
 import re
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, TypeVar
+from typing import Literal
 
 import numpy as np
 
 from contract.errors import Gemma4Error
+from runtime.bounded import BoundedThreads, Late
 from runtime.generate import grammar_checks
 from runtime.settings import GrammarLimits
 
@@ -45,8 +43,6 @@ QUOTED = re.compile(f'"[^"]{{{MAX_QUOTE_CHARS + 1},}}"')
 # Native stack of a compile thread: llguidance's parsers recurse, and the 8 MB default overflowed on
 # grammars our limits allow only just (virtual memory; only the pages a parse touches are resident).
 COMPILE_STACK_BYTES = 256 << 20
-QUEUED_PER_THREAD = 4  # compiles waiting for a thread, beyond which a request is told to retry
-T = TypeVar("T")
 
 
 # Where a JSON schema holds schemas: maps of them, single ones, lists of them.
@@ -105,10 +101,6 @@ class GrammarError(Gemma4Error, ValueError):
         super().__init__(text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "…")
 
 
-class GrammarBusy(Gemma4Error, RuntimeError):
-    """Every compile thread is taken and enough compiles wait: retry shortly (a 503)."""
-
-
 @dataclass(frozen=True)
 class Grammar:
     kind: Kind
@@ -154,43 +146,6 @@ class Grammar:
         return LLMatcher.grammar_from_lark(self.source)
 
 
-class _CompileThreads:
-    """A few daemon threads with a large native stack that run compiles; a caller waits for its own
-    at most until its deadline (the thread finishes it anyway, within llguidance's limits)."""
-
-    def __init__(self, threads: int):
-        self._jobs: queue.Queue = queue.Queue(maxsize=threads * QUEUED_PER_THREAD)
-        previous = threading.stack_size(COMPILE_STACK_BYTES)
-        try:
-            for i in range(threads):
-                threading.Thread(target=self._work, name=f"gemma4-grammar-{i}", daemon=True).start()
-        finally:
-            threading.stack_size(previous)
-
-    def _work(self) -> None:
-        while True:
-            call, future = self._jobs.get()
-            if future.set_running_or_notify_cancel():
-                try:
-                    future.set_result(call())
-                except Exception as exc:  # noqa: BLE001 - the caller gets it
-                    future.set_exception(exc)
-
-    def run(self, call: Callable[[], T], timeout_s: float) -> T:
-        future: Future = Future()
-        try:
-            self._jobs.put_nowait((call, future))
-        except queue.Full:
-            raise GrammarBusy("the server is compiling as many grammars as it can; retry shortly") from None
-        try:
-            return future.result(timeout_s)
-        except FutureTimeout:
-            future.cancel()
-            raise GrammarError(
-                f"the grammar was not compiled within {timeout_s:g} s (GEMMA4_GRAMMAR_COMPILE_TIMEOUT_S)"
-            ) from None
-
-
 class GrammarCompiler:
     """llguidance's view of one tokenizer; checks and compiles a request's grammar into a matcher."""
 
@@ -210,13 +165,19 @@ class GrammarCompiler:
             max_grammar_size=limits.max_grammar_size,
             verbose_errors=False,  # verbose ones carry the grammar and the parser's state
         )
-        self._threads = _CompileThreads(limits.compile_threads)
+        self._threads = BoundedThreads("grammar", limits.compile_threads, COMPILE_STACK_BYTES)
 
     def compile(self, grammar: Grammar) -> GrammarMatcher:
         """A matcher at the grammar's start, its first mask computed; GrammarLimitError over one of
-        our limits, GrammarError for what llguidance refused (or a deadline missed), GrammarBusy."""
+        our limits, GrammarError for what llguidance refused (or a deadline missed), Busy."""
         grammar_checks.check(grammar.kind, grammar.source, self.limits)
-        return self._threads.run(lambda: self._build(grammar), self.limits.compile_timeout_s)
+        try:
+            return self._threads.run(lambda: self._build(grammar), self.limits.compile_timeout_s)
+        except Late:
+            raise GrammarError(
+                f"the grammar was not compiled within {self.limits.compile_timeout_s:g} s "
+                "(GEMMA4_GRAMMAR_COMPILE_TIMEOUT_S)"
+            ) from None
 
     def _build(self, grammar: Grammar) -> GrammarMatcher:
         from llguidance import LLMatcher

@@ -11,9 +11,9 @@ import os
 import socket
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, DirectoryPath, Field, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, DirectoryPath, Field, ValidationError
 
 from contract.errors import Gemma4Error
 
@@ -32,12 +32,15 @@ ENV = {
     "schema_max_depth": "GEMMA4_SCHEMA_MAX_DEPTH",
     "schema_max_ref_depth": "GEMMA4_SCHEMA_MAX_REF_DEPTH",
     "schema_max_rules": "GEMMA4_SCHEMA_MAX_RULES",
-    "trust_request_chat_template": "GEMMA4_TRUST_REQUEST_CHAT_TEMPLATE",
 }
 
 
 class SettingsError(Gemma4Error, ValueError):
     pass
+
+
+def _comma_list(value):
+    return tuple(v.strip() for v in value.split(",") if v.strip()) if isinstance(value, str) else value
 
 
 class _Limits(BaseModel):
@@ -88,6 +91,13 @@ class RequestLimits(_Limits):
     max_rendered_chars: int = Field(default=4 << 20, ge=1024)  # the prompt the chat template writes
     render_timeout_s: float = Field(default=5.0, gt=0)  # templating one request (other requests wait meanwhile)
     max_template_kwargs: int = Field(default=16, ge=0)  # chat_template_kwargs entries
+    # The chat template's own switches a request may set in chat_template_kwargs (comma-separated in
+    # GEMMA4_CHAT_TEMPLATE_SWITCHES); apply_chat_template's own arguments are never among them.
+    chat_template_switches: Annotated[tuple[str, ...], BeforeValidator(_comma_list)] = ("enable_thinking",)
+    # A request's own chat template (chat_template_kwargs.chat_template): off, as vLLM's
+    # --trust-request-chat-template; any client could otherwise replace what the server renders.
+    trust_request_chat_template: bool = False
+    max_request_template_bytes: int = Field(default=64 * 1024, ge=1024)  # such a template, when trusted
     max_ignored_fields: int = Field(default=256, ge=0)  # unknown field names remembered (each logged once)
 
 
@@ -104,9 +114,6 @@ class ServerSettings(BaseModel):
     prefill_chunks_per_step: int = Field(default=1, ge=0)  # prompt chunks between decode steps; 0 = whole prompts
     host: str = "0.0.0.0"
     port: int = Field(default=8080, ge=1, le=65535)
-    # A request's own chat template (chat_template_kwargs.chat_template): off, as vLLM's
-    # --trust-request-chat-template; any client could otherwise replace what the server renders.
-    trust_request_chat_template: bool = False
     grammar_limits: GrammarLimits = GrammarLimits()
     requests: RequestLimits = RequestLimits()
 

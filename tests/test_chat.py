@@ -21,7 +21,7 @@ from runtime.api.chat import (
     tool_names,
 )
 from runtime.http.app import create_app
-from runtime.settings import ServerSettings
+from runtime.settings import RequestLimits, ServerSettings
 from support.engines import ready
 from support.http import openai_client
 
@@ -406,3 +406,31 @@ def test_structured_output_refuses_undeclared_properties(oai, seed):
     choice = reply.choices[0]
     assert choice.finish_reason == "stop", choice.message.content
     assert list(json.loads(choice.message.content)) == ["name", "age"]
+
+
+@pytest.mark.parametrize(
+    "kwargs, param",
+    [
+        ({"chat_template": '{{ "" }}'}, "chat_template_kwargs.chat_template"),  # off unless the operator trusts
+        *(
+            ({name: True}, f"chat_template_kwargs.{name}")  # apply_chat_template's own arguments
+            for name in ("tokenize", "conversation", "tools", "add_generation_prompt", "continue_final_message")
+        ),
+        ({"enable_thinking": True, "other": {"x": 1}}, "chat_template_kwargs.other"),
+        ({f"k{i}": True for i in range(17)}, "chat_template_kwargs"),
+    ],
+)
+def test_chat_template_kwargs_take_only_the_templates_switches(kwargs, param):
+    with pytest.raises(ChatTemplateError) as info:
+        template_kwargs(kwargs)
+    assert info.value.param == param
+
+
+def test_a_trusted_request_template_and_an_operators_switch_pass():
+    limits = RequestLimits(trust_request_chat_template=True, chat_template_switches=("enable_thinking", "style"))
+    kwargs = {"chat_template": "{{ messages[0]['content'] }}", "style": "terse"}
+    assert template_kwargs(kwargs, limits) == kwargs
+    with pytest.raises(ChatTemplateError, match="at most 256"):
+        template_kwargs({"style": "x" * 300}, limits)
+    with pytest.raises(ChatTemplateError, match="GEMMA4_MAX_REQUEST_TEMPLATE_BYTES"):
+        template_kwargs({"chat_template": "x" * (1 << 20)}, limits)

@@ -1,7 +1,9 @@
 """Chat requests in, the checkpoint's chat template's prompt out; a parsed reply back in OpenAI's shape.
 
 Requests: messages of every OpenAI role, `tools`, `tool_choice`, and the thinking switch
-(`chat_template_kwargs: {"enable_thinking": true}`, or `{"thinking": true}` as vLLM also accepts).
+(`chat_template_kwargs: {"enable_thinking": true}`, or `{"thinking": true}` as vLLM also accepts; the
+template's other switches only as the operator lists them, a template of the request's own only as
+the operator allows).
 Before any template sees them, the messages take the shape Gemma-4's own template reads (as llama.cpp's
 Gemma-4 handler does, following Google's prompt-formatting guide): an assistant message with
 `tool_calls`, the `role: "tool"` messages answering it and the assistant's answer after them become
@@ -21,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationInf
 from contract.errors import Gemma4Error
 from runtime.api.reply_parser import Content, Piece, Reasoning, ToolCall
 from runtime.api.tool_names import OPENAI_NAME, ToolNames
+from runtime.settings import RequestLimits
 
 
 def text_content(value) -> str | None:
@@ -138,14 +141,56 @@ def arguments(text: str, where: str) -> dict:
     return value
 
 
-def template_kwargs(kwargs: dict | None) -> dict:
-    """chat_template_kwargs for the template; vLLM's `thinking` is Gemma's `enable_thinking`."""
+SWITCH_VALUE_CHARS = 256  # a string a template switch may take
+DEFAULTS = RequestLimits()
+
+
+def template_kwargs(kwargs: dict | None, limits: RequestLimits = DEFAULTS) -> dict:
+    """chat_template_kwargs for the template: only its own switches (`limits.chat_template_switches`,
+    vLLM's `thinking` standing for Gemma's `enable_thinking`), as scalars; a template of the request's
+    own only when the operator trusts them. apply_chat_template's own arguments (tokenize, tools,
+    conversation ...) are the server's to set, so they are never switches."""
     out = dict(kwargs or {})
+    if len(out) > limits.max_template_kwargs:
+        raise ChatTemplateError(
+            "chat_template_kwargs",
+            f"has {len(out)} entries; at most {limits.max_template_kwargs} are allowed (GEMMA4_MAX_TEMPLATE_KWARGS)",
+        )
     if "thinking" in out:
         out.setdefault("enable_thinking", out.pop("thinking"))
+    for key, value in out.items():
+        param = f"chat_template_kwargs.{key}"
+        if key == "chat_template":
+            request_template(value, limits)
+        elif key not in limits.chat_template_switches:
+            raise ChatTemplateError(
+                param,
+                f"is not a switch of this server's chat template; allowed: "
+                f"{', '.join(limits.chat_template_switches) or 'none'} (GEMMA4_CHAT_TEMPLATE_SWITCHES)",
+            )
+        elif not (value is None or isinstance(value, bool | int | float | str)) or (
+            isinstance(value, str) and len(value) > SWITCH_VALUE_CHARS
+        ):
+            raise ChatTemplateError(param, f"must be a boolean, a number or a string of at most {SWITCH_VALUE_CHARS}")
     if not isinstance(out.get("enable_thinking", False), bool):
         raise ChatTemplateError("chat_template_kwargs.enable_thinking", "must be true or false")
     return out
+
+
+def request_template(value: object, limits: RequestLimits) -> None:
+    param = "chat_template_kwargs.chat_template"
+    if not limits.trust_request_chat_template:
+        raise ChatTemplateError(
+            param,
+            "a request's own chat template is not accepted by this server (the operator may allow it "
+            "with GEMMA4_TRUST_REQUEST_CHAT_TEMPLATE=true)",
+        )
+    if not isinstance(value, str) or len(value.encode()) > limits.max_request_template_bytes:
+        raise ChatTemplateError(
+            param,
+            f"must be a template of at most {limits.max_request_template_bytes} bytes "
+            "(GEMMA4_MAX_REQUEST_TEMPLATE_BYTES)",
+        )
 
 
 def tool_names(tools: list[Tool] | None, messages: list[Message]) -> ToolNames:
@@ -205,6 +250,7 @@ def render(
     tool_choice: ToolChoice | None,
     kwargs: dict | None,
     names: ToolNames | None = None,
+    limits: RequestLimits = DEFAULTS,
 ) -> str:
     """The prompt text. With `tool_choice: none` the tools are left out of the prompt, so the model is
     never offered them (vLLM's `--exclude-tools-when-tool-choice-none`)."""
@@ -226,7 +272,7 @@ def render(
         tools=declared or None,
         add_generation_prompt=True,
         tokenize=False,
-        **template_kwargs(kwargs),
+        **template_kwargs(kwargs, limits),
     )
 
 

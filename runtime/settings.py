@@ -80,7 +80,7 @@ class RequestLimits(_Limits):
     """What one request may ask for; each refusal names the cap and the request's value."""
 
     max_n: int = Field(default=16, ge=1, le=128)  # choices (n), and best_of (completions' runs)
-    max_total_tokens: int = Field(default=16_384, ge=1)  # runs x max_tokens: the work one request may queue
+    max_total_tokens: int = Field(default=32_768, ge=1)  # runs x max_tokens: the work one request may queue
     max_top_logprobs: int = Field(default=20, ge=0, le=20)  # alternatives per token (chat) or logprobs <= 5
     max_tools: int = Field(default=64, ge=1)
     max_stops: int = Field(default=16, ge=1)  # stop strings

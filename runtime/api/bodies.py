@@ -23,6 +23,11 @@ from runtime.generate.sequence import Delta, Failed, Finished, Job
 TokenBytes = Callable[[int], bytes]  # a token id's own bytes (a byte-level piece may be part of a character)
 
 
+def failure(event: Failed) -> APIError:
+    code = "invalid_value" if event.status < 500 else "engine_error"
+    return APIError(event.status, f"generation failed: {event.message}", code=code)
+
+
 def _token(tid: int, token_bytes: TokenBytes) -> tuple[str, list[int]]:
     raw = token_bytes(tid)
     return raw.decode("utf-8", errors="replace"), list(raw)
@@ -194,7 +199,7 @@ def whole(
     for event in job.events(runs, abandoned):
         if isinstance(event, Failed):
             job.cancel()
-            raise APIError(503, f"generation failed: {event.message}", code="engine_error")
+            raise failure(event)
         c = choices[event.index]
         c.take(event)
         if isinstance(event, Delta):
@@ -233,7 +238,7 @@ def stream(job: Job, spec: ResponseSpec, n: int, include_usage: bool, continuous
                 yield chunk([c.chunk({"role": "assistant", "content": ""})])
         for event in job.events(n):
             if isinstance(event, Failed):
-                yield sse(APIError(503, f"generation failed: {event.message}", code="engine_error").body())
+                yield sse(failure(event).body())
                 return
             c = choices[event.index]
             c.take(event)

@@ -12,6 +12,7 @@ import queue
 import threading
 import time
 from enum import StrEnum
+from pathlib import Path
 
 from contract.artifact import Geometry
 from contract.errors import Gemma4Error
@@ -54,6 +55,7 @@ class Engine:
         self.settings = settings
         self.metrics = metrics or Metrics()
         self.state = State.LOADING
+        self.served = False  # it was ready once: a later death is the process's, and a restart helps
         self.reason = "loading the artifact"
         self._model: LoadedModel | None = None
         self._grammars: LazyGrammarCompiler | None = None
@@ -120,7 +122,7 @@ class Engine:
         """Why this process should be restarted (liveness), or None: the engine thread is gone, or a
         device call it started has not returned within STUCK_AFTER_S."""
         if self.state is State.FAILED or (self.state is not State.STOPPED and not self._thread.is_alive()):
-            return f"the engine thread is not running ({self.state.value}: {self.reason})"
+            return "the engine thread is not running"
         started = None if self._scheduler is None else self._scheduler.call_started
         if started is not None and time.monotonic() - started > STUCK_AFTER_S:
             return (
@@ -176,17 +178,20 @@ class Engine:
         try:
             model = self._model = load_artifact(self.settings.artifact)
             geo = model.meta.geometry
-            self._grammars = LazyGrammarCompiler(model.tokenizer, geo.vocab, model.meta.eos_token_ids)
+            self._grammars = LazyGrammarCompiler(
+                model.tokenizer, geo.vocab, model.meta.eos_token_ids, self.settings.grammar
+            )
             self.model_name = self.settings.model_name or model.meta.name
             self.metrics.slots.set(geo.batch)
             self._set(State.SELF_TEST, f"{len(model.meta.golden)} golden prompt(s)")
             model.self_test()
-            output = OutputProcessor(model, self._grammars, self.metrics)
+            output = OutputProcessor(model, self.metrics)
             scheduler = self._scheduler = Scheduler(self.settings, self.metrics, self._queue, model.runner, output)
         except Exception as exc:  # every failure to come up is reported by /ready, not raised
             log.exception("loading or self-test failed")
-            self._set(State.FAILED, f"{type(exc).__name__}: {exc}")
+            self._set(State.FAILED, self._public(exc))
             return
+        self.served = True
         self._set(State.READY, f"serving {self.model_name} with {geo.batch} slot(s)")
         try:
             while not self._closing.is_set():
@@ -195,5 +200,15 @@ class Engine:
                     scheduler.step()
         except Exception as exc:  # the device state is unknown now: stop claiming readiness
             log.exception("engine loop failed")
-            self._set(State.FAILED, f"engine error: {type(exc).__name__}: {exc}")
-            self._fail_all(f"engine error: {exc}")
+            self._set(State.FAILED, f"engine error: {type(exc).__name__} (the server log has the details)")
+            self._fail_all("engine error (the server log has the details)")
+
+    def _public(self, exc: Exception) -> str:
+        """Why loading failed, as unauthenticated probes may show it: this project's own errors say
+        what to do (with the artifact's folder as `<artifact>`, not its absolute path); anything else
+        only its type. The log has the whole of it."""
+        if not isinstance(exc, Gemma4Error):
+            return f"{type(exc).__name__} while loading (the server log has the details)"
+        return f"{type(exc).__name__}: {exc}".replace(
+            str(Path(self.settings.artifact).resolve()), "<artifact>"
+        ).replace(str(self.settings.artifact), "<artifact>")

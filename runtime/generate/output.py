@@ -9,7 +9,6 @@ import time
 import torch
 
 from runtime.generate.detok import TextStream
-from runtime.generate.grammar import LazyGrammarCompiler
 from runtime.generate.logits import TokenChooser, prompt_logprob
 from runtime.generate.sequence import Delta, Failed, Finished, Job, Running
 from runtime.metrics import Metrics
@@ -17,25 +16,21 @@ from runtime.model.loader import LoadedModel
 
 
 class OutputProcessor:
-    def __init__(self, model: LoadedModel, grammars: LazyGrammarCompiler, metrics: Metrics):
+    def __init__(self, model: LoadedModel, metrics: Metrics):
         self.model = model
         self.runner = model.runner
-        self.grammars = grammars
         self.metrics = metrics
         self.softcap = model.meta.geometry.softcap
 
-    def running(self, job: Job) -> Running | None:
-        """A job's sampling state for its slot, or None after a Failed event (a grammar that cannot start)."""
+    def running(self, job: Job) -> Running:
+        """A job's sampling state for its slot; its matcher a copy of the one compiled for the request,
+        which has started already (a grammar that cannot start was a 400), so nothing slow happens here."""
         generator = torch.Generator()
         if job.seed is None:
             generator.seed()
         else:
             generator.manual_seed(job.seed % 2**64)
-        try:
-            matcher = None if job.grammar is None else self.grammars.get().matcher(job.grammar)
-        except ValueError as exc:  # checked at submission: only a matcher that cannot start gets here
-            job.put(Failed(f"the grammar cannot start: {exc}", job.index))
-            return None
+        matcher = None if job.grammar is None else job.grammar.fork()
         chooser = TokenChooser(job.controls, job.prompt, self.model.meta.eos_token_ids, matcher)
         text = TextStream(self.model.tokenizer, job.stop, job.skip_special_tokens, job.controls.min_tokens)
         return Running(job, text, generator, chooser, job.accepted)
@@ -52,7 +47,7 @@ class OutputProcessor:
             token, logprob = live.chooser.choose(logits, job.sampling, self.softcap, live.generator)
         except ValueError as exc:  # a grammar that cannot go on: this request fails, the others go on
             self.runner.free(slot)
-            return job.put(Failed(f"constrained decoding failed: {exc}", job.index))
+            return job.put(Failed(f"constrained decoding failed: {exc}", job.index, status=400))
         now = time.perf_counter()
         (self.metrics.token_latency if live.generated else self.metrics.ttft).observe(now - live.last_time)
         self.metrics.tokens.inc()

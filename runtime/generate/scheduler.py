@@ -6,14 +6,20 @@ whose retained KV shares the longest prefix with its prompt. Each step runs at m
 slot, so a long prompt delays the running streams by a chunk at a time. A finished or abandoned
 request frees its slot at once and leaves its KV there for a later prompt that shares it. The n
 choices of a request prefill the prompt once: the others fork a slot that holds it (a copy of its
-KV) and draw their first token from the same first logits."""
+KV) and draw their first token from the same first logits.
+
+A request's own work that fails (its sampling state, a prompt chunk, choosing its token) fails that
+request alone: its slot is freed and the engine goes on. A failure of a batched decode step leaves the
+state of every slot unknown, so it is the engine's (runtime.generate.engine)."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
+import logging
 import queue
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,6 +32,8 @@ from runtime.model.prefix import choose_slot, forkable, spare_slot
 from runtime.model.runner import ModelRunner
 from runtime.model.slots import Slot, SlotState
 from runtime.settings import ServerSettings
+
+log = logging.getLogger("gemma4.engine")
 
 IDLE_POLL_S = 0.1  # how often an idle engine looks up from the queue to notice a shutdown
 
@@ -106,23 +114,37 @@ class Scheduler:
             if job.cancelled:
                 job.put(Finished("cancelled", len(job.prompt), 0, job.index))
                 continue
-            live = self.output.running(job)
-            if live is None:
-                continue
-            if isinstance(start, Fork):
-                assert logits is not None  # a fork source exists only once the prompt's logits are kept
-                self._fork(start.source, free, live, logits)
-                continue
-            reuse = self.settings.prefix_reuse
-            slot, reused = choose_slot(
-                self.geometry,
-                {s.index: s.tokens if reuse else None for s in free},
-                job.prefill_tokens,
-                {s.index: s.reach for s in free},
-            )
-            self.metrics.prefix_admitted(reused)
-            runner.slots[slot].request = live
-            runner.start(slot, job.prefill_tokens, reused)
+            with self._alone(job):
+                self._place(job, start, free, logits)
+
+    def _place(self, job: Job, start: Prefill | Fork, free: list[Slot], logits: torch.Tensor | None) -> None:
+        live = self.output.running(job)
+        if isinstance(start, Fork):
+            assert logits is not None  # a fork source exists only once the prompt's logits are kept
+            self._fork(start.source, free, live, logits)
+            return
+        reuse = self.settings.prefix_reuse
+        slot, reused = choose_slot(
+            self.geometry,
+            {s.index: s.tokens if reuse else None for s in free},
+            job.prefill_tokens,
+            {s.index: s.reach for s in free},
+        )
+        self.metrics.prefix_admitted(reused)
+        self.runner.slots[slot].request = live
+        self.runner.start(slot, job.prefill_tokens, reused)
+
+    @contextlib.contextmanager
+    def _alone(self, job: Job) -> Iterator[None]:
+        """Run one request's own work: if it fails, that request fails (its slot freed), not the engine."""
+        try:
+            yield
+        except Exception:
+            log.exception("a request failed in the engine; it alone ends, the engine goes on")
+            for slot in self.runner.slots:
+                if not slot.free and slot.request.job is job:
+                    self.runner.free(slot.index)
+            job.put(Failed("internal error while generating (the server log has the details)", job.index, 500))
 
     def _next_choice(self) -> tuple[Job, Prefill | Fork] | None:
         """The first waiting choice that can start now, taken out of the line, and how it starts. A
@@ -189,16 +211,18 @@ class Scheduler:
         for s in prefilling:
             while budget and s.state is SlotState.PREFILLING:
                 budget -= 1
-                logits = self._device(runner.prefill_step, s.index)
-                if logits is not None:
-                    shared = self._share(s.request.job, logits) or shared
-                    self.output.accept(s.index, logits)
+                with self._alone(s.request.job):
+                    logits = self._device(runner.prefill_step, s.index)
+                    if logits is not None:
+                        shared = self._share(s.request.job, logits) or shared
+                        self.output.accept(s.index, logits)
         if shared:  # the request's other choices fork now and decode in this step
             self.admit()
         decoding = {s.index: s.request.last for s in runner.slots if s.state is SlotState.DECODING}
         if decoding:
             for slot, row in self._device(runner.decode, decoding).items():
-                self.output.accept(slot, row)
+                with self._alone(runner.slots[slot].request.job):
+                    self.output.accept(slot, row)
 
     @staticmethod
     def _share(job: Job, logits: torch.Tensor) -> bool:

@@ -18,6 +18,7 @@ import torch
 from contract.artifact import Geometry
 from contract.errors import Gemma4Error
 from runtime.generate.detok import TextStream
+from runtime.generate.grammar import GrammarMatcher
 from runtime.generate.logits import Controls, TokenChooser, TokenLogprob
 from runtime.generate.sampling import SamplingParams
 
@@ -72,6 +73,7 @@ class Finished:
 class Failed:
     message: str
     index: int = 0
+    status: int = 503  # as the request is answered: 400 when its own input (a grammar) is at fault
 
 
 Event = Delta | Finished | Failed
@@ -98,7 +100,8 @@ class Job:
     stop: tuple[str, ...] = ()
     seed: int | None = None
     controls: Controls = Controls()
-    grammar: str | None = None  # compiled by GrammarCompiler.compile in the HTTP thread (a bad one is a 400 there)
+    # Compiled by GrammarCompiler.compile in the HTTP thread (a bad one is a 400 there); each choice forks it.
+    grammar: GrammarMatcher | None = field(default=None, repr=False)
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None  # alternatives per prompt token when the prompt's logprobs are asked for
     index: int = 0  # the choice this job produces; the n jobs of one request share one event queue

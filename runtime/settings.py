@@ -89,7 +89,8 @@ class RequestLimits(_Limits):
     max_logit_bias: int = Field(default=300, ge=1)  # entries (OpenAI's own cap)
     max_messages: int = Field(default=1_000, ge=1)  # chat messages, and /tokenize's
     max_rendered_chars: int = Field(default=4 << 20, ge=1024)  # the prompt the chat template writes
-    render_timeout_s: float = Field(default=5.0, gt=0)  # templating one request (other requests wait meanwhile)
+    render_timeout_s: float = Field(default=5.0, gt=0)  # templating one request at most
+    render_threads: int = Field(default=2, ge=1, le=16)  # requests templated at once
     max_template_kwargs: int = Field(default=16, ge=0)  # chat_template_kwargs entries
     # The chat template's own switches a request may set in chat_template_kwargs (comma-separated in
     # GEMMA4_CHAT_TEMPLATE_SWITCHES); apply_chat_template's own arguments are never among them.

@@ -390,11 +390,11 @@ def test_a_forced_grammar_compiles_and_refuses_a_second_constraint(engine):
     from runtime.api.errors import APIError
     from runtime.api.handling import compile_grammar
     from runtime.api.protocol import ChatCompletionRequest
-    from runtime.generate.grammar import Grammar
+    from runtime.generate.grammar import Grammar, GrammarMatcher
 
     forced = ("tool_choice", Grammar.lark('start: "call:" /[a-z]+/'))
     plain = ChatCompletionRequest.model_validate({"model": MODEL, "messages": HI})
-    assert isinstance(compile_grammar(engine, plain, forced), str)
+    assert isinstance(compile_grammar(engine, plain, forced), GrammarMatcher)
     with pytest.raises(APIError, match="tool_choice") as info:
         compile_grammar(engine, plain, ("tool_choice", Grammar.lark("start: nope")))
     assert info.value.param == "tool_choice"

@@ -3,6 +3,7 @@ the API key and the metrics, through Flask's test client."""
 
 from __future__ import annotations
 
+import shutil
 import threading
 import time
 
@@ -124,5 +125,54 @@ def test_liveness_fails_while_a_device_call_is_stuck(compiled, monkeypatch):
         gate.set()
         stream.get_data()
         assert client.get("/health").status_code == 200
+    finally:
+        engine.close()
+
+
+def test_a_job_that_fails_in_the_engine_fails_alone_and_the_engine_goes_on(client, engine, monkeypatch):
+    """Any failure of one request's own work in the engine thread ends that request (a 500 naming no
+    internals), never the engine: the next request is served and liveness holds."""
+    output = engine._scheduler.output
+    running = output.running
+
+    def broken(job):
+        if job.max_tokens == 3:  # this request only
+            raise RuntimeError("a fault in one request's sampling state")
+        return running(job)
+
+    monkeypatch.setattr(output, "running", broken)
+    failed = client.post(COMPLETIONS, json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
+    err = assert_error(failed, 500, code="engine_error")
+    assert "fault" not in err["message"]
+    assert engine.state is State.READY and client.get("/health").status_code == 200
+    served = client.post(COMPLETIONS, json={"model": MODEL, "prompt": "hi", "max_tokens": 2})
+    assert served.status_code == 200
+
+
+def test_an_empty_rendered_prompt_is_a_400_and_a_request_template_needs_the_operator(settings, engine):
+    body = {"model": MODEL, "messages": HI, "max_tokens": 2, "chat_template_kwargs": {"chat_template": '{{ "" }}'}}
+    assert_error(
+        create_app(settings, engine).test_client().post(CHAT, json=body), 400, "chat_template_kwargs.chat_template"
+    )
+    trusting = settings.model_copy(
+        update={"requests": settings.requests.model_copy(update={"trust_request_chat_template": True})}
+    )
+    resp = create_app(trusting, engine).test_client().post(CHAT, json=body)
+    assert_error(resp, 400, "messages", "empty_prompt")
+    assert engine.state is State.READY
+
+
+def test_probes_name_no_paths_when_loading_failed(compiled, tmp_path):
+    folder = tmp_path / "artifact"
+    shutil.copytree(compiled("tiny-e2b", "fp32"), folder)
+    (folder / "config.json").write_text("{}")  # a digest that no longer matches: the load names the file
+    app = create_app(ServerSettings(artifact=folder))
+    client, engine = app.test_client(), server_state(app).engine
+    try:
+        assert engine.wait(300) is State.FAILED
+        assert str(tmp_path) not in engine.reason and "<artifact>" in engine.reason, engine.reason
+        for path in ("/ready", "/health"):
+            body = client.get(path).get_data(as_text=True)
+            assert client.get(path).status_code == 503 and str(tmp_path) not in body
     finally:
         engine.close()

@@ -18,12 +18,15 @@ from pydantic import BaseModel
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from runtime.api.bodies import ResponseSpec, stream, whole
+from runtime.api.caps import check_total, default_budget, over
 from runtime.api.chat import ChatTemplateError
 from runtime.api.errors import APIError
 from runtime.api.protocol import GenerationRequest, StreamOptions, ignored_fields
 from runtime.api.state import server_state
+from runtime.bounded import Busy, Late
 from runtime.generate.engine import Engine, NotReady, QueueFull, State
-from runtime.generate.grammar import Grammar, GrammarError
+from runtime.generate.grammar import Grammar, GrammarError, GrammarMatcher
+from runtime.generate.grammar_checks import GrammarLimitError
 from runtime.generate.sequence import DoesNotFit, Job, token_budget
 
 log = logging.getLogger("gemma4.api")
@@ -45,10 +48,7 @@ def ready_engine() -> Engine:
 def parse(model: type[Body]) -> Body:
     """The request's body as `model`; the fields it ignores are logged once per name."""
     body = model.model_validate_json(read_body())
-    state = server_state()
-    for name in ignored_fields(body):
-        if state.first_time_ignored(name):
-            log.warning("request field %r is not supported and is ignored (logged once)", name)
+    server_state().log_ignored(ignored_fields(body))
     return body
 
 
@@ -124,7 +124,37 @@ def check_size(eng: Engine, texts: list[str], param: str) -> None:
         )
 
 
-def compile_grammar(eng: Engine, body: GenerationRequest, imposed: tuple[str, Grammar] | None = None) -> str | None:
+def render_prompt(eng: Engine, write: Callable[[], str], fit: bool = True) -> str:
+    """The prompt a chat template writes (`write` calls it), on the state's render threads: never
+    under the tokenizer lock, at most GEMMA4_RENDER_TIMEOUT_S, at most GEMMA4_MAX_RENDERED_CHARS, and
+    (`fit`) then checked against the context as check_size does for text sent as is."""
+    state = server_state()
+    limits = state.limits
+    with template_errors():
+        try:
+            text = state.renderer.run(write, limits.render_timeout_s)
+        except Late:
+            raise APIError(
+                400,
+                f"messages: the chat template did not finish within {limits.render_timeout_s:g} s "
+                "(GEMMA4_RENDER_TIMEOUT_S); send fewer or shorter messages",
+                param="messages",
+                code="over_limit",
+            ) from None
+        except Busy as exc:
+            raise APIError(503, str(exc), code="busy", headers={"Retry-After": RETRY_AFTER_S}) from None
+    if len(text) > limits.max_rendered_chars:
+        raise over(
+            "messages", "rendered to characters:", len(text), limits.max_rendered_chars, "GEMMA4_MAX_RENDERED_CHARS"
+        )
+    if fit:
+        check_size(eng, [text], "messages")
+    return text
+
+
+def compile_grammar(
+    eng: Engine, body: GenerationRequest, imposed: tuple[str, Grammar] | None = None
+) -> GrammarMatcher | None:
     """The request's output constraint compiled for the engine; `imposed` is one the server imposes
     (a tool call), named by the field that asked for it."""
     asked = body.grammar()
@@ -136,10 +166,14 @@ def compile_grammar(eng: Engine, body: GenerationRequest, imposed: tuple[str, Gr
     param, grammar = asked
     try:
         return eng.grammars.get().compile(grammar)
+    except GrammarLimitError as exc:
+        raise APIError(400, f"{param}: {exc}", param=param, code="over_limit") from None
     except GrammarError as exc:
         raise APIError(
             400, f"{param}: the grammar engine refused it: {exc}", param=param, code="invalid_value"
         ) from None
+    except Busy as exc:
+        raise APIError(503, str(exc), code="busy", headers={"Retry-After": RETRY_AFTER_S}) from None
 
 
 def submit(
@@ -152,8 +186,14 @@ def submit(
     skip_special_tokens: bool = True,
     imposed: tuple[str, Grammar] | None = None,
 ) -> Job:
+    if not prompt:
+        raise APIError(400, f"{param}: the prompt is empty (no tokens to start from)", param=param, code="empty_prompt")
+    limits, runs = server_state().limits, body.runs()
+    if max_tokens is not None:
+        check_total(runs, max_tokens, limits)
+    cap = default_budget(runs, limits)  # without max_tokens: the route's default, or the room left, capped
     try:
-        budget = token_budget(eng.geometry, len(prompt), max_tokens, default)
+        budget = token_budget(eng.geometry, len(prompt), max_tokens, cap if default is None else min(default, cap))
     except DoesNotFit as exc:
         raise APIError(400, str(exc), param=param, code="context_length_exceeded") from None
     job = Job(
@@ -168,7 +208,7 @@ def submit(
         prompt_logprobs=body.prompt_alternatives(),
     )
     try:
-        return eng.submit(job, body.runs())
+        return eng.submit(job, runs)
     except QueueFull as exc:
         raise APIError(503, str(exc), code="queue_full", headers={"Retry-After": RETRY_AFTER_S}) from None
     except NotReady as exc:  # it began to drain or failed since ready_engine()

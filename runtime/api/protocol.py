@@ -7,6 +7,7 @@ field it does not know is accepted and ignored (`ignored_fields` names them, to 
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
@@ -17,7 +18,7 @@ from runtime.generate.grammar import Grammar
 from runtime.generate.logits import Controls
 from runtime.generate.sampling import SamplingParams
 
-MAX_STOPS = 16
+TOKEN_ID = re.compile(r"[0-9]{1,10}")  # a logit_bias key
 MAX_CHOICES = 128  # OpenAI's limit on n
 
 
@@ -25,9 +26,7 @@ def _stops(value) -> tuple[str, ...]:
     stops = [value] if isinstance(value, str) else value
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise ValueError("must be a non-empty string or a list of them")
-    if len(stops) > MAX_STOPS:
-        raise ValueError(f"{len(stops)} stop strings given, at most {MAX_STOPS} are allowed")
-    return tuple(stops)
+    return tuple(stops)  # how many, and how long: the server's caps (runtime.api.caps)
 
 
 def _prompt(value) -> str | list[int]:
@@ -156,7 +155,7 @@ class GenerationRequest(LenientModel):
     def controls(self, vocab: int) -> Controls:
         bias = []
         for key, value in (self.logit_bias or {}).items():
-            if not key.lstrip("-").isdigit() or not 0 <= int(key) < vocab:
+            if not TOKEN_ID.fullmatch(key) or not int(key) < vocab:  # ASCII digits: "²".isdigit() too
                 raise APIError(
                     400,
                     f"logit_bias: {key!r} is not a token id; ids are integers in [0, {vocab})",

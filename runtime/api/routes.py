@@ -11,6 +11,7 @@ from typing import Any
 from flask import Blueprint, jsonify
 
 from runtime.api.bodies import ResponseSpec
+from runtime.api.caps import check_costs, check_messages
 from runtime.api.chat import ToolChoiceFunction, render, template_kwargs, template_messages, tool_names
 from runtime.api.errors import APIError
 from runtime.api.handling import (
@@ -18,6 +19,7 @@ from runtime.api.handling import (
     check_size,
     parse,
     ready_engine,
+    render_prompt,
     respond,
     submit,
     template_errors,
@@ -69,14 +71,20 @@ def chat_completions():
     body = parse(ChatCompletionRequest)
     eng = ready_engine()
     check_model(eng, body.model)
+    state = server_state()
+    check_costs(body, state.limits)
     check_size(eng, [m.content or "" for m in body.messages], "messages")
     names = tool_names(body.tools, body.messages)  # aliases for names Gemma's call syntax cannot carry
-    with server_state().tokenizer_lock:
-        with template_errors():
-            text = render(eng.tokenizer, body.messages, body.tools, body.tool_choice, body.chat_template_kwargs, names)
+    text = render_prompt(
+        eng,
+        lambda: render(
+            eng.tokenizer, body.messages, body.tools, body.tool_choice, body.chat_template_kwargs, names, state.limits
+        ),
+    )
+    with state.tokenizer_lock:
         prompt = eng.tokenizer(text, add_special_tokens=False).input_ids  # the template writes <bos>
     with template_errors():  # a tool schema the grammar cannot follow, or one past a cap, is a 400 too
-        thinking = template_kwargs(body.chat_template_kwargs).get("enable_thinking") is True
+        thinking = template_kwargs(body.chat_template_kwargs, state.limits).get("enable_thinking") is True
         limits = eng.settings.grammar_limits
         grammar = forced(eng.tokenizer, body.tools, body.tool_choice, body.parallel_tool_calls, limits, names, thinking)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
@@ -112,6 +120,7 @@ def completions():
     body = parse(CompletionRequest)
     eng = ready_engine()
     check_model(eng, body.model)
+    check_costs(body, server_state().limits)
     if isinstance(body.prompt, str):
         check_size(eng, [body.prompt], "prompt")
         with server_state().tokenizer_lock:
@@ -161,15 +170,22 @@ def tokenize_text():
     check_model(eng, body.model)
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give exactly one of prompt and messages", param="prompt", code="invalid_value")
-    with server_state().tokenizer_lock:
-        if body.messages is not None:
-            with template_errors():
-                dicts = template_messages(body.messages, tool_names(None, body.messages))  # as chat converts them
-                text = eng.tokenizer.apply_chat_template(
-                    dicts, add_generation_prompt=body.add_generation_prompt, tokenize=False
-                )
+    state = server_state()
+    if body.messages is not None:
+        check_messages(body.messages, state.limits)
+        with template_errors():
+            dicts = template_messages(body.messages, tool_names(None, body.messages))  # as chat converts them
+        text = render_prompt(
+            eng,
+            lambda: eng.tokenizer.apply_chat_template(
+                dicts, add_generation_prompt=body.add_generation_prompt, tokenize=False
+            ),
+            fit=False,  # a count may exceed the context: the answer says max_model_len beside it
+        )
+        with state.tokenizer_lock:
             ids = eng.tokenizer(text, add_special_tokens=False).input_ids  # the template writes <bos>
-        else:
+    else:
+        with state.tokenizer_lock:
             ids = eng.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
     out: dict[str, Any] = {
         "count": len(ids),

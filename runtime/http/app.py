@@ -12,11 +12,9 @@ from runtime.api import errors
 from runtime.api.errors import APIError
 from runtime.api.routes import bp as openai_bp
 from runtime.api.routes import vllm_bp
-from runtime.api.state import ServerState, install
+from runtime.api.state import OPEN_PATHS, ServerState, install
 from runtime.generate.engine import Engine, State
 from runtime.settings import ServerSettings
-
-OPEN_PATHS = ("/health", "/ready", "/metrics")  # probes and scrapers need no key
 
 
 def create_app(config: ServerSettings, engine: Engine | None = None) -> Flask:
@@ -25,7 +23,8 @@ def create_app(config: ServerSettings, engine: Engine | None = None) -> Flask:
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
     app.json.sort_keys = False
     eng = engine or Engine(config).start()
-    install(app, ServerState(eng))
+    state = ServerState(eng, config.requests)
+    install(app, state)
     errors.register(app)
     app.register_blueprint(openai_bp)
     app.register_blueprint(vllm_bp)
@@ -61,13 +60,17 @@ def create_app(config: ServerSettings, engine: Engine | None = None) -> Flask:
 
     @app.get("/ready")
     def ready():
+        """Readiness, in the engine's words (no paths, no exception text: the log has those). From the
+        HTTP worker's SIGTERM on, "draining" while the requests it admitted finish."""
+        draining = state.draining.is_set() and eng.state is State.READY
+        ready = eng.state is State.READY and not draining
         body = {
-            "ready": eng.state is State.READY,
-            "state": eng.state.value,
-            "reason": eng.reason,
+            "ready": ready,
+            "state": State.DRAINING.value if draining else eng.state.value,
+            "reason": "the server is shutting down: finishing the requests in flight" if draining else eng.reason,
             "model": eng.model_name,
         }
-        return jsonify(body), 200 if eng.state is State.READY else 503
+        return jsonify(body), 200 if ready else 503
 
     @app.get("/metrics")
     def metrics():

@@ -5,16 +5,19 @@ are pure and tested alone; the rest against the real server (`build.py serve`) o
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import time
 
 import pytest
 import requests
+from flask import Flask
 
 from gemma4_port.bench.hostile import Attack, Pressure, complete, probe
 from gemma4_port.bench.server import Server
-from runtime.http.worker import HEADER_TIMEOUT_S, MAX_HEAD_BYTES, READY, framing
+from runtime.api.state import ServerState, install, server_state
+from runtime.http.worker import HEADER_TIMEOUT_S, MAX_HEAD_BYTES, READY, ReadAheadWorker, framing
 
 LIMIT = 65536
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
@@ -216,7 +219,8 @@ def test_keepalive_requests_on_one_connection_are_read_ahead_too(server):
 
 def test_sigterm_drains_new_requests_get_503_in_flight_ones_finish(server):
     """Last in the module: it stops the server. gthread stopped accepting at once: new connections
-    waited in the backlog until the exit and were reset, and /ready could not answer."""
+    waited in the backlog until the exit and were reset, and /ready could not answer; a request whose
+    body was still uploading at SIGTERM got a 503."""
     # The whole context, never ended early by an end token: three such streams one after another
     # outlast the drain's checks by far (a shorter greedy reply could end them all within 0.1 s).
     body = {
@@ -244,14 +248,59 @@ def test_sigterm_drains_new_requests_get_503_in_flight_ones_finish(server):
         t.start()
     assert first.wait(30)
     time.sleep(0.05)  # the two others reach the queue
+    # A request whose head is in before SIGTERM and whose body is still on its way: it is served.
+    uploading = socket.create_connection(("127.0.0.1", server.port), timeout=60)
+    late_body = request_body(server)
+    uploading.sendall(HEAD + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(late_body))
+    assert probe("127.0.0.1", server.port) is not None  # the head has been read by now (one main loop, in order)
     server.proc.send_signal(15)
     deadline = time.monotonic() + 5  # the main loop turns at least once a second; it is woken at once
     while (ready := requests.get(f"{server.url}/ready", timeout=5)).status_code == 200 and time.monotonic() < deadline:
         time.sleep(0.01)
+    start = time.perf_counter()
     refused = requests.post(f"{server.url}/v1/completions", json=body, timeout=5)
+    refused_s = time.perf_counter() - start
+    deadline = time.monotonic() + 60
+    while not results and time.monotonic() < deadline:  # a stream has ended: the queue (2) has room again
+        time.sleep(0.01)
+    uploading.sendall(late_body)
+    late = uploading.recv(65536)
+    uploading.close()
     for t in streams:
         t.join(60)
     assert ready.status_code == 503 and ready.json()["state"] == "draining"
     assert refused.status_code == 503 and refused.headers["Retry-After"]
+    assert refused.json()["error"]["code"] == "draining" and refused_s < 1.0
+    assert late.startswith(b"HTTP/1.1 200"), late[:200]
     assert results == [(200, b"data: [DONE]")] * 3
     assert server.proc.wait(60) == 0
+    with pytest.raises(ConnectionRefusedError):  # the listener is closed: refused at once, not reset later
+        socket.create_connection(("127.0.0.1", server.port), timeout=5)
+
+
+class _Engine:
+    def __init__(self, served: bool, problem: str | None):
+        self.served, self._problem = served, problem
+
+    def problem(self) -> str | None:
+        return self._problem
+
+
+@pytest.mark.parametrize(
+    "served, problem, exits",
+    [
+        (True, "the engine thread is not running", True),  # it died serving: a new worker loads again
+        (True, "a device call has not returned for 61 s (bound 60 s)", True),
+        (True, None, False),
+        (False, "the engine thread is not running", False),  # it never came up: /ready says why
+    ],
+)
+def test_a_worker_whose_engine_died_while_serving_exits_for_a_new_one(served, problem, exits):
+    worker = object.__new__(ReadAheadWorker)
+    worker.alive, worker.log = True, logging.getLogger("test")
+    app = Flask("test")
+    install(app, ServerState.__new__(ServerState))
+    server_state(app).engine = _Engine(served, problem)
+    worker.wsgi = app
+    worker._check_engine()
+    assert worker.alive is not exits

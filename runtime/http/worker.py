@@ -12,7 +12,13 @@ A request that is complete goes to a thread with its bytes; one that is late get
 body over the limit a 413 and broken chunk framing a 400, at once, from the main loop. Closing
 lingers in the main loop too. Threads are only ever given to whole requests, so idle and slow
 clients cost a socket each, never a thread: the engine thread and the request threads are
-untouched. Plain HTTP/1.1 only (no TLS, no HTTP/2), which is what runtime/serve.py configures."""
+untouched. Plain HTTP/1.1 only (no TLS, no HTTP/2), which is what runtime/serve.py configures.
+
+SIGTERM starts a drain, and the time a request's head ended decides its fate: every request whose
+head arrived before it is served to the end (its body may still be uploading); every later one gets
+a 503 with Retry-After from the main loop as soon as its head is in (probes excepted: /ready says
+"draining"). Once nothing admitted is left, the connections already waiting in the listen backlog
+get their 503 too and the listener closes, so a late client is refused at once, never reset later."""
 
 from __future__ import annotations
 
@@ -30,7 +36,8 @@ from gunicorn.http import get_parser
 from gunicorn.workers.gthread import TConn, ThreadWorker
 
 from runtime.api.errors import APIError
-from runtime.api.state import server_state
+from runtime.api.state import OPEN_PATHS, server_state
+from runtime.http.accesslog import redact
 
 HEADER_TIMEOUT_S = 10.0  # connect (or a kept-alive connection's next byte) to the end of the head
 BODY_TIMEOUT_S = 30.0  # end of the head to the end of the body (1 MiB at >= 35 kB/s)
@@ -39,6 +46,8 @@ MAX_HEAD_BYTES = 64 * 1024  # beyond this gunicorn's own parser names the limit 
 MAX_LINGERING = 1024
 RECV_BYTES = 256 * 1024
 READY = "ready"
+RETRY_AFTER_S = 5  # what a client refused during the drain is told to wait (another replica is up by then)
+BACKLOG_READ_S = 0.05  # at the listener's close: how long to wait for a backlogged request's bytes
 
 # gunicorn's parse errors -> (status, code); the rest of its client errors are 400s.
 STATUS = {
@@ -109,13 +118,29 @@ def framing(buf: bytes, max_body: int) -> str | tuple[int, str] | None:
     return READY if len(body) >= int(length) else None
 
 
-def error_response(status: int, message: str, code: str) -> bytes:
+def error_response(status: int, message: str, code: str, headers: dict[str, str] | None = None) -> bytes:
     body = json.dumps(APIError(status, message, code=code).body()).encode()
+    extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
     head = (
-        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+        f"HTTP/1.1 {status} {HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n{extra}"
         f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode("latin-1") + body
+
+
+DRAIN_REFUSAL = error_response(
+    503,
+    "the server is shutting down: retry the request (another replica, or this one once restarted)",
+    "draining",
+    {"Retry-After": str(RETRY_AFTER_S)},
+)
+
+
+def is_probe(head: bytes) -> bool:
+    """A GET of /health, /ready or /metrics: answered by the app even while draining."""
+    method, _, rest = head.partition(b" ")
+    path = rest.split(b" ", 1)[0].split(b"?", 1)[0].decode("latin-1")
+    return method == b"GET" and path in OPEN_PATHS
 
 
 def wait_readable(sock, timeout: float) -> bool:
@@ -142,6 +167,7 @@ class Conn(TConn):
     def __init__(self, cfg, sock, client, server, linger):
         super().__init__(cfg, sock, client, server)
         self.ahead: bytearray | None = None  # the request read so far by the main loop
+        self.head_done = False  # its head has ended (so it is admitted, or refused if the drain had begun)
         self.deadline = 0.0
         self.reader = DeadlineReader(sock)
         self.linger = linger
@@ -160,21 +186,70 @@ class ReadAheadWorker(ThreadWorker):
         self.lingering: dict[socket.socket, float] = {}
         self.max_body = 1 << 20
         self.drain_deadline: float | None = None  # set by SIGTERM
+        self.serving = 0  # requests handed to a thread and not finished
 
     def handle_exit(self, sig, frame):
-        """SIGTERM: drain before gunicorn's own graceful stop. /ready turns 503 and new requests get a
-        503 with Retry-After (so a load balancer and clients go elsewhere) while the requests in flight
-        finish; only then does the worker stop accepting (gthread stopped at once: new connections
-        waited in the backlog until the exit and were reset)."""
+        """SIGTERM: drain before gunicorn's own graceful stop. /ready turns 503 and requests whose head
+        comes later get a 503 with Retry-After (so a load balancer and clients go elsewhere) while the
+        admitted ones finish; then the backlog is answered and the listener closed (gthread stopped
+        accepting at once: new connections waited in the backlog until the exit and were reset)."""
         if self.drain_deadline is None:
             self.drain_deadline = time.monotonic() + max(1.0, self.cfg.graceful_timeout - LINGER_S - 5)
-            self.method_queue.defer(lambda: None)  # wake the main loop, which starts the drain
+            server_state(self.wsgi).draining.set()
+            self.method_queue.defer(lambda: None)  # wake the main loop, which runs the drain
 
     def _drain_step(self) -> None:
+        """Once a turn while draining: done when no admitted request is being read or served."""
         engine = server_state(self.wsgi).engine
+        admitted = self.serving or any(c.head_done for c in self.reading) or not engine.idle
+        if admitted and time.monotonic() <= self.drain_deadline:
+            return
         engine.drain()
-        if engine.idle or time.monotonic() > self.drain_deadline:
+        self._close_listeners()
+        self.alive = False
+
+    def _check_engine(self) -> None:
+        """An engine that served and then died (or hangs in a device call) never comes back in this
+        process: the worker exits, its requests in flight having failed, and gunicorn starts a new one
+        (which loads the artifact again). One that never came up is left for /ready to report: a new
+        worker would fail the same way, over and over."""
+        engine = server_state(self.wsgi).engine
+        problem = engine.problem()
+        if problem is not None and engine.served:
+            self.log.error("the engine cannot serve any more (%s): this worker exits for a new one", problem)
             self.alive = False
+
+    def _close_listeners(self) -> None:
+        """Answer every connection already in the listen backlog with the drain's 503, then close the
+        listeners: from then on a client is refused by the kernel at once."""
+        self.set_accept_enabled(False)
+        for listener in self.sockets:
+            while True:
+                try:
+                    sock, _ = listener.accept()
+                except OSError:
+                    break
+                self._refuse_backlogged(sock)
+            listener.close()
+
+    def _refuse_backlogged(self, sock) -> None:
+        """Read what the client sent (closing with unread input would reset the connection, the 503
+        with it), answer, and linger; BACKLOG_READ_S at most, as the worker is about to exit."""
+        try:
+            sock.settimeout(BACKLOG_READ_S)
+            sock.recv(RECV_BYTES)
+            sock.sendall(DRAIN_REFUSAL)
+        except OSError:
+            pass
+        self._linger(sock)
+
+    def enqueue_req(self, conn):
+        self.serving += 1
+        super().enqueue_req(conn)
+
+    def finish_request(self, conn, fs):
+        self.serving -= 1
+        super().finish_request(conn, fs)
 
     def load_wsgi(self):
         super().load_wsgi()
@@ -199,7 +274,7 @@ class ReadAheadWorker(ThreadWorker):
         self._on_readable(conn)
 
     def _read(self, conn: Conn) -> None:
-        conn.ahead, conn.deadline = bytearray(), time.monotonic() + HEADER_TIMEOUT_S
+        conn.ahead, conn.deadline, conn.head_done = bytearray(), time.monotonic() + HEADER_TIMEOUT_S, False
         conn.sock.setblocking(False)
         self.reading.add(conn)
         self.poller.register(conn.sock, EVENT_READ, partial(self._on_readable, conn))
@@ -216,43 +291,49 @@ class ReadAheadWorker(ThreadWorker):
             self.nr_conns -= 1
             conn.close()
             return
-        head_done = b"\r\n\r\n" in conn.ahead
         conn.ahead += data
-        if not head_done and b"\r\n\r\n" in conn.ahead:
-            conn.deadline = time.monotonic() + BODY_TIMEOUT_S
+        if not conn.head_done and b"\r\n\r\n" in conn.ahead:
+            if self.drain_deadline is not None and not is_probe(bytes(conn.ahead[:4096])):
+                return self._refuse(conn, DRAIN_REFUSAL, "draining")
+            conn.head_done, conn.deadline = True, time.monotonic() + BODY_TIMEOUT_S
         verdict = framing(bytes(conn.ahead), self.max_body)
         if verdict == READY:
             self._stop_reading(conn)
             self.enqueue_req(conn)
         elif verdict is not None:
             status, message = verdict
-            self._refuse(conn, status, message, "request_entity_too_large" if status == 413 else "invalid_chunked_body")
+            code = "request_entity_too_large" if status == 413 else "invalid_chunked_body"
+            self._refuse(conn, error_response(status, message, code), f"{status} {message}")
 
     def _stop_reading(self, conn: Conn) -> None:
         self.reading.discard(conn)
         self.poller.unregister(conn.sock)
 
-    def _refuse(self, conn: Conn, status: int, message: str, code: str) -> None:
+    def _refuse(self, conn: Conn, response: bytes, why: str) -> None:
         self._stop_reading(conn)
         self.nr_conns -= 1
-        self.log.debug("refused %s: %d %s", conn.client, status, message)
+        self.log.debug("refused %s: %s", conn.client, why)
         try:
-            conn.sock.send(error_response(status, message, code))
+            conn.sock.send(response)
         except OSError:
             pass
         self._linger(conn.sock)
 
     def murder_pending(self):
-        """Runs once per turn of the main loop (at least every second): expiries, and the drain."""
+        """Runs once per turn of the main loop (at least every second): expiries, the drain, and
+        the engine's liveness."""
         super().murder_pending()
         if self.drain_deadline is not None and self.alive:
             self._drain_step()
+        elif self.alive:
+            self._check_engine()
         now = time.monotonic()
         for conn in [c for c in self.reading if c.deadline <= now or not (self.alive or c.ahead)]:
             if conn.ahead:
                 what = "body" if b"\r\n\r\n" in conn.ahead else "head"
                 limit = BODY_TIMEOUT_S if what == "body" else HEADER_TIMEOUT_S
-                self._refuse(conn, 408, f"the request {what} was not received within {limit:.0f} s", "request_timeout")
+                message = f"the request {what} was not received within {limit:.0f} s"
+                self._refuse(conn, error_response(408, message, "request_timeout"), f"408 {message}")
             else:  # idle: nothing was sent
                 self._stop_reading(conn)
                 self.nr_conns -= 1
@@ -310,7 +391,7 @@ class ReadAheadWorker(ThreadWorker):
         """gunicorn's own errors (a bad request line, 414, 431, 417 ...) as OpenAI JSON, not HTML."""
         status, code = next((v for k, v in STATUS.items() if isinstance(exc, k)), (400, "bad_request"))
         if isinstance(exc, CLIENT_ERRORS) and not isinstance(exc, APP_ERRORS):
-            self.log.warning("invalid request from %s: %s", (addr or ("",))[0], exc)
+            self.log.warning("invalid request from %s: %s", (addr or ("",))[0], redact(str(exc)))
             message = f"the HTTP request is malformed: {type(exc).__name__}: {exc}"
         else:
             self.log.exception("error handling a request")

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationInf
 from contract.errors import Gemma4Error
 from runtime.api.reply_parser import Content, Piece, Reasoning, ToolCall
 from runtime.api.tool_names import OPENAI_NAME, ToolNames
+from runtime.log_gate import shown
 from runtime.settings import RequestLimits
 
 
@@ -51,7 +52,7 @@ class FunctionDef(_Strict):
     @model_validator(mode="after")
     def _name(self):
         if not OPENAI_NAME.fullmatch(self.name):
-            raise ValueError(f"function name {self.name!r}: must match ^[a-zA-Z0-9_-]{{1,64}}$ (OpenAI's rule)")
+            raise ValueError(f"function name {shown(self.name)}: must match ^[a-zA-Z0-9_-]{{1,64}}$ (OpenAI's rule)")
         return self
 
 
@@ -259,7 +260,8 @@ def render(
     if isinstance(tool_choice, ToolChoiceFunction) and not any(
         t.function.name == tool_choice.function.name for t in tools or ()
     ):
-        raise ChatTemplateError("tool_choice", f"names function {tool_choice.function.name!r}, which is not in tools")
+        name = shown(tool_choice.function.name)
+        raise ChatTemplateError("tool_choice", f"names function {name}, which is not in tools")
     if tool_choice == "required" and not tools:
         raise ChatTemplateError("tool_choice", "is 'required' but no tools are given")
     declared = [

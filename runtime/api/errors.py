@@ -10,8 +10,10 @@ from pydantic import ValidationError
 from werkzeug.exceptions import HTTPException, MethodNotAllowed, NotFound, RequestEntityTooLarge
 
 from contract.errors import Gemma4Error
+from runtime.log_gate import shown
 
 log = logging.getLogger("gemma4.api")
+MAX_PARAM_CHARS = 128
 
 # OpenAI's error types by status (https://platform.openai.com/docs/guides/error-codes).
 TYPES = {
@@ -63,11 +65,11 @@ class APIError(Gemma4Error):
 def from_validation(exc: ValidationError) -> APIError:
     """The first problem of a request body, named by its JSON path."""
     err = exc.errors()[0]
-    param = ".".join(str(p) for p in err["loc"]) or None
+    param = ".".join(str(p) for p in err["loc"])[:MAX_PARAM_CHARS] or None  # a client's key may be long
     if err["type"] == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {err['ctx']['error']}", code="invalid_json")
     if err["type"] == "extra_forbidden":
-        return APIError(400, f"unsupported parameter {param!r}", param=param, code="unsupported_parameter")
+        return APIError(400, f"unsupported parameter {shown(param)}", param=param, code="unsupported_parameter")
     if param is None:
         return APIError(400, f"the request body must be a JSON object: {err['msg']}", code="invalid_type")
     msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]
@@ -85,11 +87,11 @@ def register(app: Flask) -> None:
         if isinstance(exc, MethodNotAllowed):
             allowed = ", ".join(sorted(exc.valid_methods or ()))
             message, headers = (
-                f"{request.method} is not allowed on {request.path}; allowed: {allowed}",
+                f"{request.method} is not allowed on {shown(request.path)}; allowed: {allowed}",
                 {"Allow": allowed},
             )
         elif isinstance(exc, NotFound):
-            message = f"no route {request.path}; the API is under /v1 (see GET /v1/models)"
+            message = f"no route {shown(request.path)}; the API is under /v1 (see GET /v1/models)"
         elif isinstance(exc, RequestEntityTooLarge):
             message = (
                 f"the request body is larger than the limit of {app.config['MAX_CONTENT_LENGTH']} bytes "

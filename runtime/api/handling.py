@@ -28,6 +28,7 @@ from runtime.generate.engine import Engine, NotReady, QueueFull, State
 from runtime.generate.grammar import Grammar, GrammarError, GrammarMatcher
 from runtime.generate.grammar_checks import GrammarLimitError
 from runtime.generate.sequence import DoesNotFit, Job, token_budget
+from runtime.log_gate import shown
 
 log = logging.getLogger("gemma4.api")
 
@@ -77,7 +78,7 @@ def check_model(eng: Engine, model: str | None) -> None:
     if model is not None and model != eng.model_name:
         raise APIError(
             404,
-            f"model {model!r} does not exist; this server serves {eng.model_name!r}",
+            f"model {shown(model)} does not exist; this server serves {eng.model_name!r}",
             param="model",
             code="model_not_found",
         )

@@ -17,6 +17,7 @@ from runtime.api.errors import APIError
 from runtime.generate.grammar import Grammar
 from runtime.generate.logits import Controls
 from runtime.generate.sampling import SamplingParams
+from runtime.log_gate import shown
 
 TOKEN_ID = re.compile(r"[0-9]{1,10}")  # a logit_bias key
 MAX_CHOICES = 128  # OpenAI's limit on n
@@ -158,7 +159,7 @@ class GenerationRequest(LenientModel):
             if not TOKEN_ID.fullmatch(key) or not int(key) < vocab:  # ASCII digits: "²".isdigit() too
                 raise APIError(
                     400,
-                    f"logit_bias: {key!r} is not a token id; ids are integers in [0, {vocab})",
+                    f"logit_bias: {shown(key)} is not a token id; ids are integers in [0, {vocab})",
                     param="logit_bias",
                     code="invalid_value",
                 )

@@ -146,8 +146,12 @@ def env_names() -> dict[str, str]:
     field as listed in ENV or by its group's prefix (requests.max_n: GEMMA4_MAX_N;
     grammar_limits.max_bytes: GEMMA4_GRAMMAR_MAX_BYTES)."""
     out = {name: var for name, var in ENV.items() if name in ServerSettings.model_fields}
-    for group, prefix in (("grammar_limits", "GEMMA4_GRAMMAR_"), ("requests", "GEMMA4_")):
-        for field in ServerSettings.model_fields[group].annotation.model_fields:
+    groups: tuple[tuple[str, type[BaseModel], str], ...] = (
+        ("grammar_limits", GrammarLimits, "GEMMA4_GRAMMAR_"),
+        ("requests", RequestLimits, "GEMMA4_"),
+    )
+    for group, model, prefix in groups:
+        for field in model.model_fields:
             out[f"{group}.{field}"] = ENV.get(field, prefix + field.upper())
     return out
 

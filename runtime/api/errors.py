@@ -69,7 +69,7 @@ def from_validation(exc: ValidationError) -> APIError:
     if err["type"] == "json_invalid":
         return APIError(400, f"the request body is not valid JSON: {err['ctx']['error']}", code="invalid_json")
     if err["type"] == "extra_forbidden":
-        return APIError(400, f"unsupported parameter {shown(param)}", param=param, code="unsupported_parameter")
+        return APIError(400, f"unsupported parameter {shown(param or '')}", param=param, code="unsupported_parameter")
     if param is None:
         return APIError(400, f"the request body must be a JSON object: {err['msg']}", code="invalid_type")
     msg = str(err["ctx"]["error"]) if err["type"] == "value_error" else err["msg"]

@@ -179,7 +179,7 @@ class Engine:
             model = self._model = load_artifact(self.settings.artifact)
             geo = model.meta.geometry
             self._grammars = LazyGrammarCompiler(
-                model.tokenizer, geo.vocab, model.meta.eos_token_ids, self.settings.grammar
+                model.tokenizer, geo.vocab, model.meta.eos_token_ids, self.settings.grammar_limits
             )
             self.model_name = self.settings.model_name or model.meta.name
             self.metrics.slots.set(geo.batch)

@@ -42,7 +42,7 @@ def check_schema(schema: object, limits: GrammarLimits) -> None:
     while todo:
         value, depth = todo.pop()
         if isinstance(value, dict):
-            children = value.values()
+            children = list(value.values())
         elif isinstance(value, list):
             children = value
         else:

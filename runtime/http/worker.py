@@ -202,6 +202,7 @@ class ReadAheadWorker(ThreadWorker):
         """Once a turn while draining: done when no admitted request is being read or served."""
         engine = server_state(self.wsgi).engine
         admitted = self.serving or any(c.head_done for c in self.reading) or not engine.idle
+        assert self.drain_deadline is not None  # only called while draining
         if admitted and time.monotonic() <= self.drain_deadline:
             return
         engine.drain()

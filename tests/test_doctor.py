@@ -2,6 +2,7 @@
 of a machine without the SDK or a device, and the layout steps run against the SDK stand-in."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -118,3 +119,16 @@ def test_the_layout_steps_run_each_in_its_own_process_on_the_stand_in(tmp_path):
     text = render(report)
     assert "| tp2-device-prefill | serve | ok |" in text and "### tp2-device-prefill: serve" in text
     assert set(LAYOUTS) == {"tp1", "batch4", "tp2-device-prefill", "tp2-host-prefill"}
+
+
+def test_a_neuron_ls_that_hangs_fails_or_prints_no_list_is_not_available(tmp_path, monkeypatch):
+    from gemma4_port.ops import doctor
+
+    tool = tmp_path / "neuron-ls"
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    for body in ("echo '{not json'", "echo '{\"a\": 1}'", "exit 3", "sleep 5"):
+        tool.write_text(f"#!/bin/sh\n{body}\n")
+        tool.chmod(0o755)
+        assert doctor._neuron_ls(timeout_s=1) is None, body
+    tool.write_text("#!/bin/sh\necho '[{\"nc_count\": 2}]'\n")
+    assert doctor._neuron_ls(timeout_s=5) == [{"nc_count": 2}]

@@ -87,20 +87,28 @@ class Machine:
 
     @classmethod
     def here(cls) -> Machine:
-        listed = None
-        if shutil.which("neuron-ls"):
-            done = subprocess.run(["neuron-ls", "-j"], capture_output=True, text=True, timeout=60, check=False)
-            if done.returncode == 0:
-                listed = json.loads(done.stdout)
         return cls(
             installed_versions(tuple(w for w, _ in WHEELS)),
             {p: system_package_version(p) for p in SYSTEM_PACKAGES},
             driver_version(),
             sorted(glob.glob("/dev/neuron[0-9]*")),
-            listed,
+            _neuron_ls(),
             dict(os.environ),
             _monitor_once(),
         )
+
+
+def _neuron_ls(timeout_s: float = 60) -> list[dict] | None:
+    """`neuron-ls -j`'s device list; None when the tool is absent, fails, hangs or prints no JSON list
+    (the machine check then says it is not available: a line in the report, not a traceback)."""
+    if not shutil.which("neuron-ls"):
+        return None
+    try:
+        done = subprocess.run(["neuron-ls", "-j"], capture_output=True, text=True, timeout=timeout_s, check=False)
+        listed = json.loads(done.stdout) if done.returncode == 0 else None
+    except (subprocess.TimeoutExpired, OSError, ValueError):
+        return None
+    return listed if isinstance(listed, list) and all(isinstance(d, dict) for d in listed) else None
 
 
 def _monitor_once(timeout_s: float = 15) -> dict | None:

@@ -58,6 +58,11 @@ class Geometry(Frozen):
     def kv_max(self) -> int:
         return self.key_buckets[-1]
 
+    @property
+    def max_prompt(self) -> int:
+        """The longest prompt: one position of the context stays for the first generated token's KV."""
+        return self.kv_max - 1
+
     def prefill_keys(self, bucket: int) -> tuple[int, ...]:
         """The key buckets a prefill chunk of `bucket` tokens has a graph for (see prefill_graphs)."""
         return prefill_keys(bucket, self.key_buckets)

@@ -37,6 +37,7 @@ def _where(exc: Exception) -> str:
     the input "<unicode string>", not the file, over several lines)."""
     mark = getattr(exc, "problem_mark", None)
     if mark is not None:
-        context = f" ({exc.context})" if getattr(exc, "context", None) else ""
-        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}{context}"
+        context = getattr(exc, "context", None)
+        where = f" ({context})" if context else ""
+        return f"line {mark.line + 1}, column {mark.column + 1}: {getattr(exc, 'problem', exc)}{where}"
     return " ".join(str(exc).split())

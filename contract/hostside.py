@@ -46,7 +46,7 @@ class HostInputs:
         self.tables = tables
         self.dtype = DTYPES[geo.dtype]
         self.embed_bits = self._bits(tables.embed)  # (V, H)
-        self.ple_bits = self._bits(tables.ple) if geo.ple_dim else None  # (V, L*P)
+        self.ple_bits = self._bits(tables.ple) if geo.ple_dim and tables.ple is not None else None  # (V, L*P)
         K = geo.kv_max
         # Row p: every rotary input of position p, as the graphs' packed `rope` input takes it.
         rope = [part for kind in geo.kinds for part in self._rope(torch.arange(K), kind)]
@@ -118,12 +118,12 @@ class HostInputs:
 
     def embed(self, ids: list[list[int]]):
         """ids (B, S) -> hidden (B, S, H) and per-layer inputs (B, S, L, P) or None: pre-scaled rows."""
-        ids = np.asarray(ids)  # (B, S)
-        h = self._gather(self.embed_bits, ids)  # (B, S, H)
-        if not self.geo.ple_dim:
+        index = np.asarray(ids)  # (B, S)
+        h = self._gather(self.embed_bits, index)  # (B, S, H)
+        if self.ple_bits is None:
             return h, None
-        ple = self._gather(self.ple_bits, ids)  # (B, S, L*P)
-        return h, ple.view(*ids.shape, self.geo.num_layers, self.geo.ple_dim)  # (B, S, L, P)
+        ple = self._gather(self.ple_bits, index)  # (B, S, L*P)
+        return h, ple.view(*index.shape, self.geo.num_layers, self.geo.ple_dim)  # (B, S, L, P)
 
     def _assemble(self, graph: str, values: dict[str, torch.Tensor], kv=()) -> tuple[torch.Tensor, ...]:
         """The graph's inputs in its traced order (each is contiguous: fresh gathers or leading rows)."""

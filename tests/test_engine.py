@@ -462,3 +462,26 @@ def test_n_choices_on_one_slot_run_one_after_another_from_the_retained_prompt(co
         ids = _random(14, 10)
         assert _choices(engine.submit(Job(ids, 6, GREEDY), 3), 3) == [_reference(engine, ids, 6)] * 3
         assert [graph for graph, _ in seen].count("prefill") == 1 and _forks(engine) == (2, 28)
+
+
+def test_a_grammar_dead_end_finishes_the_choice_cleanly_and_says_why_in_the_log(b4, monkeypatch, caplog):
+    """A grammar that allows no next token (or refuses the one chosen) ends that choice with "stop" and a
+    log line naming the reason; the request is not failed and the engine serves on."""
+    import numpy as np
+
+    from runtime.generate.grammar import Grammar, GrammarMatcher
+
+    grammar = b4.grammars.get().compile(Grammar.regex("[a-z ]{40}"))
+    mask, calls = GrammarMatcher.mask, []
+
+    def mask_then_nothing(self, x):  # two tokens as the grammar allows them, then no token at all
+        calls.append(1)
+        return mask(self, x) if len(calls) <= 2 else np.copyto(x, np.float32(-np.inf))
+
+    monkeypatch.setattr(GrammarMatcher, "mask", mask_then_nothing)
+    with caplog.at_level("WARNING", logger="gemma4.engine"):
+        text, done = run(b4, "hello world", 8, SamplingParams(temperature=1.0), seed=3, grammar=grammar)
+    assert (done.reason, done.completion_tokens) == ("stop", 2)
+    assert any("allows no token here" in r.getMessage() and "'stop'" in r.getMessage() for r in caplog.records)
+    monkeypatch.undo()
+    assert run(b4, "hello world", 4)[1].reason in ("stop", "length")  # the engine serves on

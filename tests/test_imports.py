@@ -26,6 +26,7 @@ RUNTIME_FOR_BENCH = {
     "gemma4_port.bench.constrained": {
         "runtime.generate.grammar",
         "runtime.generate.logits",
+        "runtime.generate.logprobs",
         "runtime.generate.sampling",
     },
 }

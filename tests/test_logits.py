@@ -1,5 +1,6 @@
-"""runtime.generate.logits: penalties, bias, min_tokens and the grammar mask against dense references, and
-logprobs against torch's log_softmax of the softcapped row."""
+"""runtime.generate.logits: penalties, bias, min_tokens and the grammar mask against dense references (a
+masked token's probability exactly zero at the real vocabulary), and logprobs against torch's
+log_softmax of the softcapped row."""
 
 from __future__ import annotations
 
@@ -8,8 +9,12 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
-from runtime.generate.logits import Controls, TokenChooser, capped_row, logprobs, prompt_logprob
-from runtime.generate.sampling import SamplingParams, sample, softcap
+from contract.greedy import softcap
+from runtime.generate.grammar import GrammarDeadEnd
+from runtime.generate.logits import Controls, TokenChooser, capped_row
+from runtime.generate.logprobs import logprobs, prompt_logprob
+from runtime.generate.sampling import SamplingParams, distribution, sample
+from support import rows as real
 
 V, CAP = 4096, 30.0
 EOS = (1, 5)
@@ -122,3 +127,90 @@ def test_logprobs_come_with_the_token_and_ignore_the_shaping():
     assert token == 77 and lp.token == 77
     assert lp.logprob == pytest.approx(logprobs(row, 77, 3, CAP).logprob) and len(lp.top) == 3
     assert lp.top[0][0] == int(row.argmax())  # the model's distribution, not the biased one
+
+
+# -- the grammar mask at the real vocabulary -----------------------------------------------------------
+class FixedMask:
+    """A grammar matcher's interface (GrammarMatcher: mask, accept, finished) allowing a fixed set of ids:
+    llguidance takes seconds to read a 262,144-token vocabulary, and the mask is applied the same way."""
+
+    finished = False
+
+    def __init__(self, allowed: np.ndarray, vocab: int = real.V):
+        self.forbidden = np.ones(vocab, dtype=bool)
+        self.forbidden[allowed] = False
+
+    def mask(self, x: np.ndarray) -> np.ndarray:
+        np.copyto(x, np.float32(-np.inf), where=self.forbidden)
+        return x
+
+    def accept(self, token: int) -> None:
+        assert not self.forbidden[token], f"a forbidden token was chosen: {token}"
+
+
+MASKED_PARAMS = [
+    SamplingParams(temperature=t, top_p=p, top_k=k, min_p=m)
+    for t in (0.3, 1.0, 2.0)
+    for p in (1.0, 0.9)
+    for k in (0, 50)
+    for m in (0.0, 0.05)
+]
+
+
+def masked_case(seed: int) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """A real-vocabulary row whose best tokens are all forbidden and whose few allowed ids lie far below
+    them (the grammar wants what the model finds unlikely: the worst case for a mask that leaks). The
+    row, the allowed ids and the best (forbidden) ones."""
+    row = real.peaky(seed)
+    best = torch.topk(row, 64).indices.numpy()
+    allowed = np.setdiff1d(np.random.default_rng(seed).choice(real.V, 12, replace=False), best)
+    row[allowed] -= 25.0
+    return row, allowed, best
+
+
+def masked_chooser(controls: Controls, allowed: np.ndarray, best: np.ndarray) -> tuple[FixedMask, TokenChooser]:
+    matcher = FixedMask(allowed)
+    chooser = TokenChooser(controls, [int(best[0]), int(allowed[0])], EOS, matcher)  # type: ignore[arg-type]
+    chooser.counts = {int(best[1]): 3, int(allowed[1]): 1}  # generated before: the penalties act on both
+    return matcher, chooser
+
+
+def masked_controls(best: np.ndarray) -> list[Controls]:
+    return [
+        Controls(),
+        Controls(presence_penalty=-2.0, frequency_penalty=-2.0, repetition_penalty=0.5),  # repeats lifted
+        Controls(logit_bias=((int(best[2]), 100.0),), min_tokens=5),
+    ]
+
+
+def test_a_masked_token_has_probability_exactly_zero_under_every_sampling_control():
+    for seed in range(2):
+        row, allowed, best = masked_case(seed)
+        for controls in masked_controls(best):
+            matcher, chooser = masked_chooser(controls, allowed, best)
+            x = chooser.allowed_row(row, CAP)
+            for params in MASKED_PARAMS:
+                weights, ids = distribution(x.copy(), params, None)
+                ids = np.arange(real.V) if ids is None else ids
+                assert weights.sum() > 0, params
+                assert not weights[matcher.forbidden[ids]].any(), (seed, controls, params)
+
+
+def test_sampling_under_a_mask_never_draws_a_forbidden_token_over_many_seeds():
+    chosen = set()
+    for seed in range(48):
+        row, allowed, best = masked_case(seed)
+        matcher, chooser = masked_chooser(masked_controls(best)[seed % 3], allowed, best)
+        token, _ = chooser.choose(
+            row, MASKED_PARAMS[seed % len(MASKED_PARAMS)], CAP, torch.Generator().manual_seed(seed)
+        )
+        assert not matcher.forbidden[token]  # FixedMask.accept checked it too
+        chosen.add(token)
+    assert len(chosen) > 16  # sampled among each row's allowed ids, not one fallback token
+
+
+def test_a_grammar_that_allows_nothing_is_a_dead_end_not_a_draw():
+    row = rows(1)[0]
+    chooser = TokenChooser(Controls(), [2], EOS, FixedMask(np.array([], dtype=np.int64), V))  # type: ignore[arg-type]
+    with pytest.raises(GrammarDeadEnd, match="allows no token"):
+        chooser.choose(row, SamplingParams(temperature=1.0), CAP, torch.Generator())

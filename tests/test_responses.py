@@ -318,3 +318,24 @@ def test_max_tokens_zero_with_echo_scores_the_prompt_alone(client, engine):
     for bad in ({"max_tokens": 0}, {"max_tokens": 0, "echo": True}):
         resp = client.post(COMPLETIONS, json={"model": MODEL, "prompt": prompt} | bad)
         assert resp.status_code == 400 and resp.get_json()["error"]["param"] == "max_tokens"
+
+
+def test_an_engine_failure_in_a_stream_is_an_openai_error_event_and_a_log_line(caplog):
+    """After the 200 a stream can only say it in an event: OpenAI's error shape, which its clients raise;
+    the server's log names the reason."""
+    from runtime.api.bodies import ResponseSpec, stream
+    from runtime.generate.sampling import SamplingParams
+    from runtime.generate.sequence import Delta, Failed, Job
+
+    job = Job([1, 2, 3], 8, SamplingParams())
+    job.put(Delta("partial", completion_tokens=1))
+    job.put(Failed("engine error: the device stopped answering"))
+    spec = ResponseSpec("tiny-e2b", lambda tid: b"x")
+    with caplog.at_level("ERROR", logger="gemma4.api"):
+        chunks = list(stream(job, spec, 1, include_usage=False, continuous_usage=False))
+    assert json.loads(chunks[0].removeprefix("data: "))["choices"][0]["text"] == "partial"
+    error = json.loads(chunks[-1].removeprefix("data: "))["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["code"] == "engine_error"
+    assert "the device stopped answering" in error["message"] and "[DONE]" not in "".join(chunks)
+    assert any(spec.id in r.getMessage() and "the device stopped answering" in r.getMessage() for r in caplog.records)
+    assert job.cancelled  # its slots are freed

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from contract.greedy import argmax
+from contract.greedy import argmax, softcap
 from runtime.generate.sampling import (
     GREEDY_BELOW,
     SamplingParams,
@@ -17,7 +17,6 @@ from runtime.generate.sampling import (
     min_p_keep,
     nucleus,
     sample,
-    softcap,
     top_candidates,
 )
 from support.rows import V, peaky

@@ -2,6 +2,7 @@
 its variable."""
 
 import pytest
+from pydantic import ValidationError
 
 from runtime.settings import ServerSettings, SettingsError
 
@@ -9,7 +10,7 @@ from runtime.settings import ServerSettings, SettingsError
 def test_settings_from_the_environment(tmp_path):
     s = ServerSettings.from_env({"GEMMA4_ARTIFACT": str(tmp_path), "GEMMA4_API_KEY": "", "GEMMA4_QUEUE_MAX": "3"})
     assert (s.queue_max, s.api_key, s.backend, s.port, s.max_body_bytes) == (3, None, "auto", 8080, 1 << 20)
-    with pytest.raises(Exception):
+    with pytest.raises(ValidationError, match="Instance is frozen"):
         s.queue_max = 4  # frozen: parsed once at the edge
 
 

@@ -20,7 +20,8 @@ import torch
 from gemma4_port.bench.host_overhead import DEVICE_STEP_MS, logit_rows, real_geometry
 from gemma4_port.bench.stats import summary
 from runtime.generate.grammar import Grammar, GrammarCompiler
-from runtime.generate.logits import Controls, TokenChooser, logprobs
+from runtime.generate.logits import Controls, TokenChooser
+from runtime.generate.logprobs import logprobs
 from runtime.generate.sampling import SamplingParams, sample
 
 SCHEMA = {  # a typical extraction schema: strings, a bounded integer, an enum, an array, a nested object

@@ -100,7 +100,7 @@ def measure(folder: Path, new_tokens: int, repeats: int, warmup_calls: int) -> t
     geo, runner = loaded.meta.geometry, loaded.runner
     model = load_reference(Path(loaded.meta.checkpoint)).to(DTYPES[geo.dtype])
     model.set_attn_implementation("sdpa")  # transformers' default, faster than the reference's eager
-    prompts = [loaded.tokenizer(p).input_ids[: runner.max_prompt] for p in PROMPTS]
+    prompts = [loaded.tokenizer(p).input_ids[: runner.geo.max_prompt] for p in PROMPTS]
     n = min(new_tokens, geo.kv_max - max(map(len, prompts)))
     sides = {
         "ours": lambda ids, k: ours(runner, ids, k),

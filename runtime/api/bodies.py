@@ -9,23 +9,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from runtime.api.chat import Reply
 from runtime.api.errors import APIError
 from runtime.api.reply_parser import ReplyParser
-from runtime.generate.logits import TokenLogprob
+from runtime.generate.logprobs import TokenLogprob
 from runtime.generate.sequence import Delta, Failed, Finished, Job
 
+log = logging.getLogger("gemma4.api")
 TokenBytes = Callable[[int], bytes]  # a token id's own bytes (a byte-level piece may be part of a character)
-
-
-def failure(event: Failed) -> APIError:
-    code = "invalid_value" if event.status < 500 else "engine_error"
-    return APIError(event.status, f"generation failed: {event.message}", code=code)
 
 
 def _token(tid: int, token_bytes: TokenBytes) -> tuple[str, list[int]]:
@@ -111,7 +109,7 @@ class _Choice:
 
     def __init__(self, spec: ResponseSpec, index: int, prompt: list[int]):
         self.spec, self.index = spec, index
-        self.parser = spec.parser() if spec.chat else None
+        self.parser = None if spec.parser is None else spec.parser()
         self.reply = Reply()
         self.text: list[str] = [spec.echo]
         self.entries: list[TokenLogprob] = []  # every logprob (a whole response)
@@ -126,7 +124,7 @@ class _Choice:
     def deltas(self, text: str, end: bool = False) -> list[dict]:
         """What a piece of generated text adds: a chat delta per reply piece, or the completion text.
         At the end, what the chat parser still held."""
-        if not self.spec.chat:
+        if self.parser is None:
             self.text.append(text)
             return [{"text": text}] if text else []
         pieces = self.parser.feed(text) if text else []
@@ -157,11 +155,12 @@ class _Choice:
         return self.reply.finish_reason(reason, self.spec.named_tool) if self.spec.chat else reason
 
     def prompt_logprobs(self) -> list:
-        return vllm_prompt_logprobs(self.prompt, self.spec.prompt_logprobs, self.spec.token_bytes)
+        return vllm_prompt_logprobs(self.prompt, self.spec.prompt_logprobs or 0, self.spec.token_bytes)
 
     def whole(self) -> dict:
+        assert self.finish is not None, "a whole response is made once every choice has finished"
         body = {"message": self.reply.message()} if self.spec.chat else {"text": "".join(self.text)}
-        out = (
+        out: dict[str, Any] = (
             {"index": self.index}
             | body
             | {
@@ -179,6 +178,17 @@ class _Choice:
         entries, self.pending = self.pending, []
         lp = self.logprobs(entries) if entries else None
         return {"index": self.index} | body | {"logprobs": lp, "finish_reason": finish}
+
+
+def engine_failure(spec: ResponseSpec, event: Failed) -> APIError:
+    """A request the engine could not finish: a server log line with the reason, and the error for the
+    client (a 503 to retry elsewhere when the engine stopped or failed under it; a 400 when its own
+    input was at fault)."""
+    log.log(
+        logging.ERROR if event.status >= 500 else logging.WARNING, "%s: generation failed: %s", spec.id, event.message
+    )
+    code = "invalid_value" if event.status < 500 else "engine_error"
+    return APIError(event.status, f"generation failed: {event.message}", code=code)
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict:
@@ -199,7 +209,7 @@ def whole(
     for event in job.events(runs, abandoned):
         if isinstance(event, Failed):
             job.cancel()
-            raise failure(event)
+            raise engine_failure(spec, event)
         c = choices[event.index]
         c.take(event)
         if isinstance(event, Delta):
@@ -211,7 +221,8 @@ def whole(
         raise APIError(499, "the client closed the connection before the answer was ready", code="client_closed")
     tokens = sum(c.tokens for c in choices)  # every run counts, as OpenAI bills best_of
     if runs > n:
-        choices = sorted(choices, key=lambda c: -sum(e.logprob for e in c.entries))[:n]
+        # A generated token always has its logprob (only a prompt's first token has none).
+        choices = sorted(choices, key=lambda c: -sum(e.logprob or 0.0 for e in c.entries))[:n]
         for i, c in enumerate(choices):
             c.index = i
     extra = {"prompt_logprobs": choices[0].prompt_logprobs()} if spec.chat and spec.prompt_logprobs is not None else {}
@@ -237,8 +248,8 @@ def stream(job: Job, spec: ResponseSpec, n: int, include_usage: bool, continuous
             if spec.chat:
                 yield chunk([c.chunk({"role": "assistant", "content": ""})])
         for event in job.events(n):
-            if isinstance(event, Failed):
-                yield sse(failure(event).body())
+            if isinstance(event, Failed):  # after the 200: OpenAI's error event, which its clients raise
+                yield sse(engine_failure(spec, event).body())
                 return
             c = choices[event.index]
             c.take(event)
@@ -246,11 +257,13 @@ def stream(job: Job, spec: ResponseSpec, n: int, include_usage: bool, continuous
                 c.echoed, generated, c.pending = True, c.pending, c.echoed_logprobs()
                 yield chunk([c.chunk({"text": spec.echo})])
                 c.pending = generated
-            end = isinstance(event, Finished)
-            for delta in c.deltas(event.text if not end else "", end=end):
-                yield chunk([c.chunk(delta)])
-            if end:
+            if isinstance(event, Finished):
+                for delta in c.deltas("", end=True):
+                    yield chunk([c.chunk(delta)])
                 yield chunk([c.chunk(None, c.finish_reason(event.reason))])
+            else:
+                for delta in c.deltas(event.text):
+                    yield chunk([c.chunk(delta)])
         if include_usage:
             yield sse(spec.envelope([], chunk=True, usage=usage(len(job.prompt), sum(c.tokens for c in choices))))
         yield sse("[DONE]")

@@ -105,7 +105,7 @@ def chars_per_token(tokenizer) -> int:
 def check_size(eng: Engine, texts: list[str], param: str) -> None:
     """Refuse what cannot fit before templating or tokenizing it (a 1 MB prompt took ~1 s of CPU to
     find out): at least one token per message, at most chars_per_token characters per token."""
-    most = eng.geometry.kv_max - 1  # the longest prompt: one position stays for the first new token
+    most = eng.geometry.max_prompt
     if len(texts) > most:
         raise APIError(
             400,

@@ -8,6 +8,7 @@ field it does not know is accepted and ignored (`ignored_fields` names them, to 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
@@ -200,22 +201,17 @@ class GenerationRequest(LenientModel):
                 )
             asked.append(("response_format", Grammar.json_schema(fmt.json_schema.schema_)))
         so = self.structured_outputs or StructuredOutputs()
-        for name, value, make in (
-            ("json", so.json_, Grammar.json_schema),
-            ("regex", so.regex, Grammar.regex),
-            ("choice", so.choice, Grammar.choice),
-            ("grammar", so.grammar, Grammar.lark),
-        ):
-            if value is not None:
-                asked.append((f"structured_outputs.{name}", make(value)))
-        for name, value, make in (
+        fields: list[tuple[str, Any, Callable[[Any], Grammar]]] = [
+            ("structured_outputs.json", so.json_, Grammar.json_schema),
+            ("structured_outputs.regex", so.regex, Grammar.regex),
+            ("structured_outputs.choice", so.choice, Grammar.choice),
+            ("structured_outputs.grammar", so.grammar, Grammar.lark),
             ("guided_json", self.guided_json, Grammar.json_schema),
             ("guided_regex", self.guided_regex, Grammar.regex),
             ("guided_choice", self.guided_choice, Grammar.choice),
             ("guided_grammar", self.guided_grammar, Grammar.lark),
-        ):
-            if value is not None:
-                asked.append((name, make(value)))
+        ]
+        asked += [(name, make(value)) for name, value, make in fields if value is not None]
         if len(asked) > 1:
             raise APIError(
                 400,

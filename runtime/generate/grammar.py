@@ -14,7 +14,7 @@ a large native stack and a deadline, never on the engine thread: what `compile` 
 that has computed its first mask (a grammar that cannot start fails there, as a 400), which each of a
 request's choices forks in the engine at no cost.
 
-llguidance over xgrammar, measured at vocab 262,144 (README, *Structured outputs*): no per-schema
+llguidance over xgrammar, measured at vocab 262,144 (docs/performance.md, grammar engines): no per-schema
 compile (xgrammar: ~3.8 s for a new schema at this vocabulary), and a lower p99 per step."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
@@ -35,8 +35,11 @@ from runtime.settings import GrammarLimits
 
 Kind = Literal["json_schema", "json_object", "regex", "choice", "lark"]
 
+if TYPE_CHECKING:  # llguidance loads on first use
+    from llguidance._lib import JsonCompileOptions
+
 # Compact JSON: a random or weak model would otherwise spend its budget on whitespace the grammar allows.
-JSON_OPTIONS = {"whitespace_flexible": False}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 MAX_MESSAGE_CHARS = 300  # of llguidance's message: it may quote the grammar
 MAX_QUOTE_CHARS = 40  # of a quoted piece of the grammar within it
 QUOTED = re.compile(f'"[^"]{{{MAX_QUOTE_CHARS + 1},}}"')
@@ -99,6 +102,11 @@ class GrammarError(Gemma4Error, ValueError):
         lines = [line for line in message.splitlines() if line.strip() and not line[:1].isspace()]
         text = QUOTED.sub(lambda m: m[0][:MAX_QUOTE_CHARS] + '…"', " ".join(" ".join(lines).split()))
         super().__init__(text if len(text) <= MAX_MESSAGE_CHARS else text[: MAX_MESSAGE_CHARS - 1] + "…")
+
+
+class GrammarDeadEnd(GrammarError):
+    """A generation's grammar can go no further: its matcher allows no next token, refuses the one
+    chosen, or fails. The generation ends there (not the server's nor the client's fault)."""
 
 
 @dataclass(frozen=True)
@@ -214,7 +222,7 @@ class GrammarMatcher:
         """The next token's bitmask, 32 ids per int32 word, bit i of word w = id 32w + i."""
         self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         if self._m.is_error():
-            raise GrammarError(self._m.get_error())
+            raise GrammarDeadEnd(self._m.get_error())
         return self._bits
 
     def allowed(self) -> np.ndarray:
@@ -229,7 +237,7 @@ class GrammarMatcher:
 
     def accept(self, token: int) -> None:
         if not self._m.consume_token(token):
-            raise GrammarError(f"token {token} is not allowed here: {self._m.get_error()}")
+            raise GrammarDeadEnd(f"token {token} is not allowed here: {self._m.get_error()}")
 
     @property
     def finished(self) -> bool:

@@ -4,15 +4,24 @@ logprobs are asked for, and the events that carry all of it to the request (engi
 
 from __future__ import annotations
 
+import logging
 import time
 
 import torch
 
 from runtime.generate.detok import TextStream
-from runtime.generate.logits import TokenChooser, prompt_logprob
-from runtime.generate.sequence import Delta, Failed, Finished, Job, Running
+from runtime.generate.grammar import GrammarDeadEnd
+from runtime.generate.logits import TokenChooser
+from runtime.generate.logprobs import prompt_logprob
+from runtime.generate.sequence import Delta, Finished, Job, Running
 from runtime.metrics import Metrics
 from runtime.model.loader import LoadedModel
+
+log = logging.getLogger("gemma4.engine")
+
+# How a choice ends when its grammar can go no further: as vLLM reports a structured output that has
+# ended, "stop" (the text so far is what the grammar allowed); the server log says why.
+DEAD_END_REASON = "stop"
 
 
 class OutputProcessor:
@@ -45,9 +54,15 @@ class OutputProcessor:
             return self.finish(slot, "length")
         try:
             token, logprob = live.chooser.choose(logits, job.sampling, self.softcap, live.generator)
-        except ValueError as exc:  # a grammar that cannot go on: this request fails, the others go on
-            self.runner.free(slot)
-            return job.put(Failed(f"constrained decoding failed: {exc}", job.index, status=400))
+        except GrammarDeadEnd as exc:  # the choice ends here, cleanly; the others go on
+            log.warning(
+                "choice %d: its grammar allows nothing more after %d token(s) (%s); finishing it with %r",
+                job.index,
+                live.generated,
+                exc,
+                DEAD_END_REASON,
+            )
+            return self.finish(slot, DEAD_END_REASON)
         now = time.perf_counter()
         (self.metrics.token_latency if live.generated else self.metrics.ttft).observe(now - live.last_time)
         self.metrics.tokens.inc()

@@ -1,7 +1,10 @@
-"""Sampling on the host: small pure functions over one row of raw logits (V,).
+"""Sampling on the host: the last stage of choosing a token, small pure functions over one row of logits
+(V,): temperature, min-p, top-k, top-p, then one seeded draw.
 
-The device returns raw logits; the softcap is applied here, first, and only when sampling needs it
-(it is monotonic, so greedy is the argmax of the raw row). At the real vocabulary (262,144) every
+A row reaches here either raw from the device, with the softcap still to apply (`cap`: it is
+monotonic, so greedy is the argmax of the raw row, and a sampled row folds it into its one weight
+pass), or already capped and edited by runtime.generate.logits (`cap=None`), where a forbidden token
+is -inf: its weight is exactly 0 and no step below can give it any. At the real vocabulary (262,144) every
 full-vocabulary pass costs tens to hundreds of microseconds, so the work is ordered to touch the
 whole row as few times as possible. Small steps run in numpy (a call costs ~1 us, a torch op ~5-15 us,
 and torch's argmax over one row ~250 us); the two transcendental passes of an exact top-p use torch's
@@ -9,7 +12,6 @@ vectorised kernels."""
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -41,20 +43,12 @@ class SamplingParams:
 
 
 def row_weights(x: np.ndarray, cap: float | None, temperature: float) -> np.ndarray:
-    """exp((softcap(x) - its max) / temperature) over a whole row, in one float32 buffer, with torch's
-    vectorised kernels. tanh is slow everywhere (~0.8 ms in numpy, ~1 ms in torch at 262,144 values),
-    torch's sigmoid is not (~0.25 ms).
-
-    The softcap goes through the logistic: cap * tanh(x / cap) = 2 * cap * sigmoid(2x / cap) - cap, so
-    with a = 2 * cap / temperature the weights are exp(a * (sigmoid(2x / cap) - sigmoid(2 max / cap)))."""
-    row = torch.from_numpy(x)
-    top = float(x.max())  # softcap is monotonic: the capped maximum is the cap of the raw one
-    if cap:
-        w = torch.mul(row, 2.0 / cap).sigmoid_()  # a fresh (V,) buffer, then in place
-        w.sub_(1.0 / (1.0 + math.exp(-2.0 * top / cap))).mul_(2.0 * cap / temperature)
-    else:
-        w = torch.sub(row, top).mul_(1.0 / temperature)
-    return w.exp_().numpy()
+    """exp((softcap(x) - its max) / temperature) over a whole row, in a fresh float32 buffer: the
+    softcap, the shift and the temperature in one chain of torch's vectorised kernels, then exp. In a
+    row already capped (cap None) a -inf stays -inf, so its weight is exactly 0."""
+    top = float(softcap(np.array([x.max()], dtype=np.float32), cap)[0])  # softcap is monotonic
+    scaled = softcap(x, cap, 1.0 / temperature, -top / temperature)
+    return torch.from_numpy(scaled).exp_().numpy()
 
 
 def top_candidates(x: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -107,14 +101,13 @@ def draw(weights: np.ndarray, generator: torch.Generator) -> int:
 
 
 def distribution(x: np.ndarray, params: SamplingParams, cap: float | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """The tokens a non-greedy draw may pick and their (unnormalised) weights: softcap, temperature,
+    """The tokens a non-greedy draw may pick and their (unnormalised) weights: (softcap,) temperature,
     then min-p, top-k and top-p as vLLM's sampler orders them (min-p first, on the scaled row). Ids
     are None when every token of the row may be drawn (weights by position)."""
     if params.top_k:
         # top-k (then top-p) renormalises within the k best: no full-vocabulary pass is needed.
         values, ids = top_candidates(x, params.top_k)
-        scaled = softcap(values, cap) / params.temperature
-        weights = np.exp(scaled - scaled[0])
+        weights = row_weights(values, cap, params.temperature)
         if params.min_p:  # a threshold under the best token: it commutes with top-k
             kept = min_p_keep(weights, params.min_p)  # ascending positions of a descending row: still descending
             weights, ids = weights[kept], ids[kept]
@@ -142,11 +135,15 @@ def distribution(x: np.ndarray, params: SamplingParams, cap: float | None) -> tu
     return weights, ids
 
 
-def sample(logits: torch.Tensor, params: SamplingParams, cap: float | None, generator: torch.Generator) -> int:
-    """One token id from raw logits (V,) at the graph dtype; greedy is the argmax of the raw row."""
+def sample(
+    row: torch.Tensor | np.ndarray, params: SamplingParams, cap: float | None, generator: torch.Generator
+) -> int:
+    """One token id from a row (V,): raw logits at the graph dtype with the softcap still to apply
+    (`cap`), or a float32 row runtime.generate.logits capped and edited (cap None). Greedy is the
+    row's argmax (of the raw row: the softcap is monotonic)."""
     if params.greedy:
-        return argmax(logits)
-    x = logits.float().numpy()
+        return argmax(row) if isinstance(row, torch.Tensor) else int(row.argmax())
+    x = row if isinstance(row, np.ndarray) else row.float().numpy()
     weights, ids = distribution(x, params, cap)
     i = draw(weights, generator)
     return i if ids is None else int(ids[i])

@@ -19,7 +19,8 @@ from contract.artifact import Geometry
 from contract.errors import Gemma4Error
 from runtime.generate.detok import TextStream
 from runtime.generate.grammar import GrammarMatcher
-from runtime.generate.logits import Controls, TokenChooser, TokenLogprob
+from runtime.generate.logits import Controls, TokenChooser
+from runtime.generate.logprobs import TokenLogprob
 from runtime.generate.sampling import SamplingParams
 
 ABANDON_POLL_S = 0.05  # how often a waiting request asks whether its client is still there
@@ -32,10 +33,10 @@ class DoesNotFit(Gemma4Error, ValueError):
 def token_budget(geo: Geometry, prompt_len: int, max_tokens: int | None, default: int | None = None) -> int:
     """The number of new tokens a request may generate: `max_tokens` if it fits, else an error
     naming the numbers; without `max_tokens`, `default` capped to the room left (or all of it)."""
-    if prompt_len > geo.kv_max - 1:
+    if prompt_len > geo.max_prompt:
         raise DoesNotFit(
             f"the prompt has {prompt_len} tokens; the context of this model is {geo.kv_max} tokens, "
-            f"so a prompt may have at most {geo.kv_max - 1} (one position for the first new token); "
+            f"so a prompt may have at most {geo.max_prompt} (one position for the first new token); "
             "prompts are never truncated"
         )
     room = geo.kv_max - prompt_len

@@ -6,6 +6,7 @@ from __future__ import annotations
 import hmac
 
 from flask import Flask, Response, jsonify, request
+from flask.json.provider import DefaultJSONProvider
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from runtime.api import errors
@@ -21,7 +22,8 @@ def create_app(config: ServerSettings, engine: Engine | None = None) -> Flask:
     """`engine`: an engine to share (tests); by default a new one starts loading in the background."""
     app = Flask(__name__)
     app.config["MAX_CONTENT_LENGTH"] = config.max_body_bytes
-    app.json.sort_keys = False
+    assert isinstance(app.json, DefaultJSONProvider)  # Flask's own
+    app.json.sort_keys = False  # keys in the order the bodies write them, as OpenAI's
     eng = engine or Engine(config).start()
     state = ServerState(eng, config.requests)
     install(app, state)

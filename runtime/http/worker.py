@@ -301,7 +301,7 @@ class ReadAheadWorker(ThreadWorker):
         if verdict == READY:
             self._stop_reading(conn)
             self.enqueue_req(conn)
-        elif verdict is not None:
+        elif isinstance(verdict, tuple):
             status, message = verdict
             code = "request_entity_too_large" if status == 413 else "invalid_chunked_body"
             self._refuse(conn, error_response(status, message, code), f"{status} {message}")

@@ -39,7 +39,9 @@ def _all_reduce_cpu(x: torch.Tensor, group_name: str) -> torch.Tensor:
 
 def all_reduce(x: torch.Tensor) -> torch.Tensor:
     """Sum over all ranks of the default group: the decoder's `reduce` hook under tp > 1."""
-    return torch.ops.gemma4_tp.all_reduce(x, dist.group.WORLD.group_name)
+    world = dist.group.WORLD
+    assert world is not None, "all_reduce outside the rank group (init_process_group first)"
+    return torch.ops.gemma4_tp.all_reduce(x, world.group_name)
 
 
 class TensorParallelError(Gemma4Error, RuntimeError):
@@ -75,7 +77,7 @@ def _rank_main(rank: int, tp: int, port: int, conn, factory, args: tuple, timeou
             if method is None:
                 return
             _send(conn, ("ok", getattr(actor, method)(*call_args)))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever a rank raises goes back to the driver, which raises it
         traceback.print_exc()
         _send(conn, ("error", f"{type(exc).__name__}: {exc}"))
     finally:
@@ -95,7 +97,7 @@ class RankGroup:
         self.tp, self.timeout = tp, timeout
         ctx = mp.get_context("spawn")
         # The driver hosts the rendezvous store on a free loopback port: no port to pick, no race.
-        self._store = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
+        self._store: dist.TCPStore | None = dist.TCPStore(LOOPBACK, 0, is_master=True, wait_for_workers=False)
         self._conns, self._procs = [], []
         for rank in range(tp):
             parent, child = ctx.Pipe()
@@ -113,7 +115,7 @@ class RankGroup:
 
     @property
     def pids(self) -> list[int]:
-        return [p.pid for p in self._procs]
+        return [p.pid for p in self._procs if p.pid is not None]  # started: each has one
 
     def call(self, method: str, *args) -> list:
         if not self._procs:

@@ -1,5 +1,5 @@
 """The model as the engine sees it: prefill a prompt into a slot chunk by chunk (any length up to
-kv_max - 1, from any position the slot already holds), decode one token for every busy slot. It owns
+Geometry.max_prompt, from any position the slot already holds), decode one token for every busy slot. It owns
 the slots and their state; the backend owns the graphs and the KV buffers."""
 
 from __future__ import annotations
@@ -52,11 +52,6 @@ class ModelRunner:
         self.backend = backend
         self.slots = [Slot(i) for i in range(geo.batch)]
 
-    @property
-    def max_prompt(self) -> int:
-        """The longest prompt: one position must stay free for the first generated token's KV."""
-        return self.geo.kv_max - 1
-
     def keys_for(self, position: int) -> int:
         """The smallest key bucket whose keys include `position` (below kv_max: checked by the caller)."""
         return next(t for t in self.geo.key_buckets if position < t)
@@ -67,9 +62,9 @@ class ModelRunner:
         s = self.slots[slot]
         if not s.free:
             raise RuntimeError(f"slot {slot} is {s.state.value}, not free")
-        if not 0 < len(ids) <= self.max_prompt:
+        if not 0 < len(ids) <= self.geo.max_prompt:
             raise PromptTooLong(
-                f"prompt has {len(ids)} tokens; this model holds at most {self.max_prompt} "
+                f"prompt has {len(ids)} tokens; this model holds at most {self.geo.max_prompt} "
                 f"(kv_max {self.geo.kv_max} less one position to generate into)"
             )
         if reused and self.reusable(slot, ids) < reused:

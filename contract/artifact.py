@@ -13,6 +13,7 @@ from pydantic import ValidationError, model_validator
 
 from contract.errors import Gemma4Error
 from contract.files import read_parsed
+from contract.graph_key import prefill_keys
 from contract.typed import Frozen
 
 ARTIFACT_FORMAT = 6  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill;
@@ -64,7 +65,7 @@ class Geometry(Frozen):
         return self.kv_max - 1
 
     def prefill_keys(self, bucket: int) -> tuple[int, ...]:
-        """The key buckets a prefill chunk of `bucket` tokens has a graph for (see prefill_graphs)."""
+        """The key buckets a prefill chunk of `bucket` tokens has a graph for (see graph_key.prefill_keys)."""
         return prefill_keys(bucket, self.key_buckets)
 
     def keys_for_chunk(self, bucket: int, end: int) -> int:
@@ -79,35 +80,6 @@ class Geometry(Frozen):
     def kv_shapes(self) -> list[tuple[int, int, int, int]]:
         """Per rank, K then V per cache: (B, KVH, S, D), S = kv_max for a global layer, the ring for a sliding one."""
         return [(self.batch, heads, self.span(kind), dim) for (heads, dim), kind in zip(self.kv_heads, self.kv_kinds)]
-
-
-def prefill_keys(bucket: int, key_buckets: tuple[int, ...]) -> tuple[int, ...]:
-    """A chunk of n tokens padded to C = `bucket`, at positions p .. p+n-1, runs in the smallest key
-    bucket T with T >= C and p + n <= T (padding rows write nothing), so its cost and mask rows follow
-    the prompt, not kv_max. A chunk bucket has graphs for every T >= C; the last, kv_max, holds any
-    chunk (buckets are smaller than kv_max)."""
-    return tuple(t for t in key_buckets if t >= bucket)
-
-
-def prefill_graphs(buckets: tuple[int, ...], key_buckets: tuple[int, ...]) -> tuple[str, ...]:
-    """Every prefill graph's name, prefill_<C>_<T>: a chunk bucket and a key bucket that holds it."""
-    return tuple(f"prefill_{c}_{t}" for c in buckets for t in prefill_keys(c, key_buckets))
-
-
-def copy_graphs(batch: int, key_buckets: tuple[int, ...]) -> tuple[str, ...]:
-    """Every fork copy graph's name, copy_<T> per key bucket: a fork copies the first T positions of
-    a global cache, T the smallest key bucket that holds the prompt. None at batch 1, where a fork
-    decodes on in the slot that holds the prompt."""
-    return () if batch == 1 else tuple(f"copy_{t}" for t in key_buckets)
-
-
-def graph_names(
-    buckets: tuple[int, ...], key_buckets: tuple[int, ...], batch: int, device_prefill: bool = True
-) -> tuple[str, ...]:
-    """Every graph of a variant, in the order they are traced and keyed: prefill_<C>_<T> (unless the
-    prompt runs on the host), decode_<T> per key bucket, and copy_<T> at batch > 1."""
-    prefill = prefill_graphs(buckets, key_buckets) if device_prefill else ()
-    return prefill + tuple(f"decode_{t}" for t in key_buckets) + copy_graphs(batch, key_buckets)
 
 
 class GoldenStep(Frozen):
@@ -133,7 +105,7 @@ class ArtifactMeta(Frozen):
     manifest: dict
     versions: dict[str, str]
     geometry: Geometry
-    graphs: dict[str, str]  # "prefill_16_64" / "decode_64" / "copy_64" (and "rank{r}/..." under tp) -> relative path
+    graphs: dict[str, str]  # a GraphKey's text, "rank{r}/" before it under tp (or "model" on Neuron) -> relative path
     files: dict[str, str]  # relative path -> sha256
     golden: tuple[Golden, ...]
     eos_token_ids: tuple[int, ...]

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 import torch
 
-from contract.artifact import ArtifactError, Geometry, graph_names
+from contract.artifact import ArtifactError, Geometry
 from contract.dtypes import DTYPES
+from contract.graph_key import GraphKey, variant_graphs
 
 HOST_KV = "graphs/host_kv.json"  # {"kv_heads": [[[start, count] per rank] per KV tensor]}
 NXD_MODEL = "graphs/nxd_model.pt"  # the traced ModelBuilder model (neffs, no weights), saved with torch.jit.save
@@ -30,57 +31,43 @@ KV_STATE = "kv.{index}"  # the model's state key of KV tensor `index`: its name 
 @dataclass(frozen=True)
 class NeuronLayout:
     tp: int
-    device_graphs: tuple[
-        str, ...
-    ]  # "prefill_<bucket>_<keys>" ... "decode_<keys>" ... "copy_<keys>" ...: on the NeuronCores
+    device_graphs: tuple[GraphKey, ...]  # the prefills, decodes and copies on the NeuronCores
     host_prefill: bool
 
     @property
-    def keys(self) -> dict[str, tuple[str, ...]]:
+    def keys(self) -> dict[str, tuple[GraphKey, ...]]:
         """ModelBuilder's keys and their buckets, in the order they are added: prefill before decode,
         as NxD Inference adds context encoding before token generation."""
-        out: dict[str, tuple[str, ...]] = {}
-        for name in self.device_graphs:
-            key = name.partition("_")[0]
-            out[key] = out.get(key, ()) + (name,)
+        out: dict[str, tuple[GraphKey, ...]] = {}
+        for graph in self.device_graphs:
+            out[graph.kind] = out.get(graph.kind, ()) + (graph,)
         return out
 
     @property
     def compile_jobs(self) -> int:
         """neuronx-cc runs at once that hold the weights: ModelBuilder compiles every bucket of every
         key in parallel, and a copy graph has none."""
-        return sum(not name.startswith("copy") for name in self.device_graphs)
+        return sum(graph.kind != "copy" for graph in self.device_graphs)
 
 
 def neuron_layout(
     tp: int, prefill: str, buckets: tuple[int, ...], key_buckets: tuple[int, ...], batch: int
 ) -> NeuronLayout:
     host = prefill == "host"
-    return NeuronLayout(tp, graph_names(buckets, key_buckets, batch, device_prefill=not host), host)
+    return NeuronLayout(tp, variant_graphs(buckets, key_buckets, batch, device_prefill=not host), host)
 
 
-def parse_graph(name: str) -> tuple[str, int, int]:
-    """ "prefill_128_2048" -> ("prefill", 128, 2048): a chunk of 128 over 2,048 keys; "decode_2048" ->
-    ("decode", 1, 2048): one token per slot over 2,048 keys; "copy_2048" -> ("copy", 0, 2048): a
-    slot's first 2,048 positions into another, no query."""
-    graph, *sizes = name.split("_")
-    if graph == "prefill":
-        return graph, int(sizes[0]), int(sizes[1])
-    return graph, int(graph == "decode"), int(sizes[0])
-
-
-def signature(geo: Geometry, name: str) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
-    """Name, shape and dtype of each non-KV input of a graph by its name (prefill_<C>_<T>, decode_<T>,
-    copy_<T>), from the geometry alone: what the host builds, what the neff was compiled for, and what
-    ModelBuilder routes a call by (the widths of the rows, and of a copy's `held`, tell the key
-    buckets apart)."""
-    graph, S, keys = parse_graph(name)
+def signature(geo: Geometry, graph: GraphKey) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
+    """Name, shape and dtype of each non-KV input of a graph, from the geometry alone: what the host
+    builds, what the neff was compiled for, and what ModelBuilder routes a call by (the widths of the
+    rows, and of a copy's `held`, tell the key buckets apart)."""
+    S, keys = graph.tokens, graph.keys
     B = geo.batch
-    if graph == "copy":
+    if graph.kind == "copy":
         shapes = {"source": (B,), "target": (B,), "held": (keys,)}
     else:
-        rows = 1 if graph == "prefill" else B
-        queries = S if graph == "prefill" else B  # a mask-and-write row per chunk token, or per slot
+        rows = 1 if graph.kind == "prefill" else B
+        queries = S if graph.kind == "prefill" else B  # a mask-and-write row per chunk token, or per slot
         shapes = {
             "hidden": (rows, S, geo.hidden),
             "ple": (rows, S, geo.num_layers, geo.ple_dim),
@@ -90,7 +77,7 @@ def signature(geo: Geometry, name: str) -> list[tuple[str, tuple[int, ...], torc
         }
         shapes |= {f"rows_{kind}": (queries, 2, min(keys, geo.span(kind))) for kind in geo.kinds}
     dtype = DTYPES[geo.dtype]
-    return [(n, shapes[n], dtype) for n in geo.inputs[graph] if not n.startswith("kv")]
+    return [(n, shapes[n], dtype) for n in geo.inputs[graph.kind] if not n.startswith("kv")]
 
 
 # -- where the ranks run ------------------------------------------------------------------------

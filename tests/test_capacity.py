@@ -62,7 +62,7 @@ def test_device_weights_are_counted_from_the_module(real, name):
 
 
 def test_e2b_holds_one_copy_of_its_weights_for_every_bucket(real):
-    fp, sizes = plan(real, "e2b", "512-128", kv_max=8192, key_buckets=())
+    fp, sizes = plan(real, "e2b", "512-128", kv_max=8192, key_buckets=(8192,))
     # One ModelBuilder model, where a torch_neuronx.trace copy per graph held three copies.
     # KV in bf16: 12 sliding caches (1 head of 256) in a ring of 512 + 512, 3 global (1 head of 512) over 8192
     kv = 2 * 2 * (12 * 256 * 1024 + 3 * 512 * 8192)
@@ -71,7 +71,7 @@ def test_e2b_holds_one_copy_of_its_weights_for_every_bucket(real):
     more, _ = plan(real, "e2b", "512-128", kv_max=8192, buckets=(128, 256, 512), key_buckets=(512, 1024, 8192))
     # buckets add graphs, not weights: 3 chunk buckets x 3 key buckets holding them, and 3 decodes
     assert more.per_core == fp.per_core and more.layout.compile_jobs == 12
-    fp32, _ = plan(real, "e2b", "512-128", kv_max=8192, key_buckets=(), dtype="float32")
+    fp32, _ = plan(real, "e2b", "512-128", kv_max=8192, key_buckets=(8192,), dtype="float32")
     assert fp32.per_core == 4 * DEVICE["e2b"][0] + 2 * kv + fp32.rank_transient and fp32.fits_core
 
 
@@ -81,7 +81,7 @@ def test_e4b_fits_one_core_in_bf16_and_tp2_halves_it(real):
     fp32, _ = plan(real, "e4b", "tp1-48k", dtype="float32")
     assert not fp32.fits_core
     assert fixes(sizes, fp32)[0] == f"dtype: bfloat16 -> {tp1.counted_core / GIB:.2f} GiB per core"
-    tp2, _ = plan(real, "e4b", "tp2-48k", kv_max=8192, key_buckets=())
+    tp2, _ = plan(real, "e4b", "tp2-48k", kv_max=8192, key_buckets=(8192,))
     # KV per rank in bf16: 20 sliding caches (1 of 2 heads, 256) in a ring of 1024, 4 global (1 of 2, 512) over 8192
     kv = 2 * 2 * (20 * 256 * 1024 + 4 * 512 * 8192)
     assert tp2.per_core == 2 * DEVICE["e4b"][1] + kv + tp2.rank_transient and tp2.fits_core
@@ -89,7 +89,7 @@ def test_e4b_fits_one_core_in_bf16_and_tp2_halves_it(real):
 
 def test_12b_fits_only_at_tp2_in_bf16(real):
     tp2, sizes = plan(real, "12b", "tp2-256")
-    assert tp2.fits_core and 11.9 < tp2.per_core / GIB < 12.2  # the seed: about 12 GB per core at 256
+    assert tp2.fits_core and 11.9 < tp2.per_core / GIB < 12.2  # measured: about 12 GB per core at 256
     fp32, _ = plan(real, "12b", "tp2-fp32")
     assert not fp32.fits_core
     assert [f.split(" ->")[0] for f in fixes(sizes, fp32)] == ["dtype: bfloat16"]
@@ -170,7 +170,7 @@ def test_the_shipped_long_variants_fit_within_the_kv_max_plan_allows(real, name,
     fp, sizes = plan(real, name, variant)
     assert fp.fits_core and fp.variant.kv_max == 49152
     assert int(kv_max_limit(sizes, fp).split()[0]) >= fp.variant.kv_max
-    assert fp.variant.kv_buckets[0] == 4096 and fp.variant.kv_buckets[-1] == fp.variant.kv_max
+    assert fp.variant.key_buckets[0] == 4096 and fp.variant.key_buckets[-1] == fp.variant.kv_max
 
 
 def test_host_ram_verdicts(real):

@@ -4,15 +4,16 @@ signatures."""
 import pytest
 import torch
 
+from contract.graph_key import GraphKey
 from gemma4_port.compile.tracing import example_inputs
 from support.builds import setup
 
 
 def test_graph_signatures_match_the_host_inputs():
     _, _, shard, geo, decoder, host = setup("tiny-e2b", "b4")
-    pre = example_inputs(host, geo, "prefill_16_32")
+    pre = example_inputs(host, geo, GraphKey.prefill(16, 32))
     assert geo.key_buckets == (32, 64)
-    dec = example_inputs(host, geo, "decode_32")
+    dec = example_inputs(host, geo, GraphKey.decode(32))
     assert len(pre) == len(geo.inputs["prefill"]) and len(dec) == len(geo.inputs["decode"])
     named = dict(zip(geo.inputs["decode"], dec))
     assert named["hidden"].shape == (4, 1, geo.hidden)
@@ -24,7 +25,7 @@ def test_graph_signatures_match_the_host_inputs():
     named = dict(zip(geo.inputs["prefill"], pre))
     assert named["slot"].shape == (4,) and named["rows_full"].shape == (16, 2, 32)  # a chunk reads 32 keys too
     assert named["rows_sliding"].shape == (16, 2, 32)
-    named = dict(zip(geo.inputs["prefill"], example_inputs(host, geo, "prefill_32_64")))
+    named = dict(zip(geo.inputs["prefill"], example_inputs(host, geo, GraphKey.prefill(32, 64))))
     assert named["rows_full"].shape == (32, 2, geo.kv_max) and named["rows_sliding"].shape == (32, 2, geo.ring)
 
 

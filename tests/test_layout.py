@@ -2,18 +2,24 @@
 
 import pytest
 
-from contract.layout import NeuronPlacementError, neuron_layout, parse_graph, rank_cores, visible_cores
+from contract.graph_key import GraphKey
+from contract.layout import NeuronPlacementError, neuron_layout, rank_cores, visible_cores
+
+
+def names(keys: dict[str, tuple[GraphKey, ...]]) -> dict[str, tuple[str, ...]]:
+    return {kind: tuple(map(str, graphs)) for kind, graphs in keys.items()}
 
 
 def test_layouts_are_model_builder_keys_prefill_first():
     device = neuron_layout(1, "device", (128, 512), (256, 512, 2048), 1)
     # a chunk bucket has a graph for each key bucket that holds it (T >= C): 128 over 256 .. 2048, 512 over 512, 2048
-    assert device.keys == {
+    assert names(device.keys) == {
         "prefill": ("prefill_128_256", "prefill_128_512", "prefill_128_2048", "prefill_512_512", "prefill_512_2048"),
         "decode": ("decode_256", "decode_512", "decode_2048"),
     }
     assert list(device.keys) == ["prefill", "decode"] and device.compile_jobs == 8
-    assert [parse_graph(n) for n in ("prefill_128_2048", "decode_512", "copy_256")] == [
+    parsed = [GraphKey.parse(n) for n in ("prefill_128_2048", "decode_512", "copy_256")]
+    assert [(g.kind, g.tokens, g.keys) for g in parsed] == [
         ("prefill", 128, 2048),
         ("decode", 1, 512),
         ("copy", 0, 256),
@@ -22,9 +28,9 @@ def test_layouts_are_model_builder_keys_prefill_first():
     # a bucket per key bucket; it adds no compile job that holds the weights
     batch = neuron_layout(1, "device", (128, 512), (256, 512, 2048), 4)
     assert list(batch.keys) == ["prefill", "decode", "copy"] and batch.compile_jobs == 8
-    assert batch.keys["copy"] == ("copy_256", "copy_512", "copy_2048")
+    assert names(batch.keys)["copy"] == ("copy_256", "copy_512", "copy_2048")
     host = neuron_layout(2, "host", (512,), (1024, 2048), 2)
-    assert (host.keys, host.host_prefill, host.compile_jobs) == (
+    assert (names(host.keys), host.host_prefill, host.compile_jobs) == (
         {"decode": ("decode_1024", "decode_2048"), "copy": ("copy_1024", "copy_2048")},
         True,
         2,

@@ -7,10 +7,10 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from gemma4_port.source.manifest import ManifestError, load_manifest
+from gemma4_port.source.manifest import TOOLCHAIN, ManifestError, load_manifest, load_toolchain, shipped_manifests
 from support import MANIFESTS, ROOT
 
-SHIPPED = sorted(MANIFESTS.glob("*.yaml"))
+SHIPPED = shipped_manifests()
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=[p.stem for p in SHIPPED])
@@ -37,6 +37,11 @@ def _base():
     return yaml.safe_load((MANIFESTS / "tiny-e2b.yaml").read_text())
 
 
+def _shared(drop: str | None = None) -> dict:
+    """The shared toolchain file as a manifest's own `toolchain:` block, less one field."""
+    return {k: v for k, v in yaml.safe_load(TOOLCHAIN.read_text()).items() if k != drop}
+
+
 @pytest.mark.parametrize(
     "mutate, field, words",
     [
@@ -52,10 +57,10 @@ def _base():
             "model.random.config",
             "Gemma4TextConfig",
         ),
-        (lambda d: d["toolchain"].pop("neuronx_cc"), "toolchain.neuronx_cc", "required"),
+        (lambda d: d.update(toolchain=_shared(drop="neuronx_cc")), "toolchain.neuronx_cc", "required"),
         (lambda d: d.update(surprise=1), "surprise", "unknown field; allowed here: name, model, toolchain"),
         # A misspelled key: the unknown field first, not the "Field required" it leaves behind.
-        (lambda d: d.update(toolchian=d.pop("toolchain")), "toolchian", "unknown field"),
+        (lambda d: d.update(toolchian=_shared()), "toolchian", "unknown field"),
         (
             lambda d: d["variants"][0].update(tpp=d["variants"][0].pop("tp")),
             "variants[0].tpp",
@@ -113,8 +118,9 @@ def test_a_directory_is_one_error_line(tmp_path):
 
 def test_manifests_are_frozen():
     m = load_manifest(MANIFESTS / "tiny-e2b.yaml")
-    with pytest.raises(ValidationError, match="frozen"):
+    with pytest.raises(ValidationError, match="tp\n  Instance is frozen"):
         m.variants[0].tp = 2
+    assert m.variants[0].tp == 1
 
 
 @pytest.mark.parametrize(
@@ -171,7 +177,7 @@ def test_hub_ids_git_refs_and_local_folders_are_accepted(tmp_path, model):
         (lambda d: d["images"].update(repository="registry.example:5000/a/b"), None),
         (lambda d: d["images"].update(repository="localhost/a"), None),
         (lambda d: d["images"]["tags"].update(slim="a b"), "images.tags.slim"),
-        (lambda d: d["toolchain"].update(transformers='5.24.0" $(id) "'), "toolchain.transformers"),
+        (lambda d: d.update(toolchain=_shared() | {"transformers": '5.24.0" $(id) "'}), "toolchain.transformers"),
     ],
 )
 def test_image_names_tags_and_pins_follow_their_grammar(tmp_path, mutate, field):
@@ -182,3 +188,43 @@ def test_image_names_tags_and_pins_follow_their_grammar(tmp_path, mutate, field)
         return
     with pytest.raises(ManifestError, match=rf"^{re.escape(str(tmp_path / 'bad.yaml'))}: {field}: String should match"):
         load_manifest(_write(tmp_path, data))
+
+
+def test_key_buckets_default_to_kv_max_and_must_end_there(tmp_path):
+    data = _base()
+    data["variants"][0].pop("key_buckets", None)
+    data["variants"][1]["key_buckets"] = []
+    m = load_manifest(_write(tmp_path, data))
+    assert [v.key_buckets for v in m.variants[:2]] == [(v.kv_max,) for v in m.variants[:2]]
+    data["variants"][0].update(kv_max=64, key_buckets=[32, 48])
+    with pytest.raises(
+        ManifestError, match=r"variants\[0\]: .*key_buckets must .* end at kv_max \(64\), got \[32, 48\]"
+    ):
+        load_manifest(_write(tmp_path, data))
+
+
+def test_every_shipped_manifest_builds_with_the_one_shared_toolchain():
+    shared = load_toolchain()
+    assert SHIPPED and TOOLCHAIN not in SHIPPED
+    for path in SHIPPED:
+        assert "toolchain" not in yaml.safe_load(path.read_text()), path.name
+        assert load_manifest(path).toolchain == shared, path.name
+
+
+def test_a_manifests_own_toolchain_overrides_the_shared_one_and_is_validated_the_same(tmp_path):
+    data = _base()
+    data["toolchain"] = _shared() | {"neuronx_cc": "2.23.9999.0"}
+    assert load_manifest(_write(tmp_path, data)).toolchain.neuronx_cc == "2.23.9999.0"
+    data["toolchain"]["neuronx_cc"] = "2.23"
+    with pytest.raises(ManifestError, match=r"bad.yaml: toolchain.neuronx_cc: String should match pattern"):
+        load_manifest(_write(tmp_path, data))
+
+
+def test_a_broken_shared_toolchain_names_its_own_file(tmp_path):
+    bad = tmp_path / "toolchain.yaml"
+    bad.write_text(yaml.safe_dump(_shared(drop="neuron_driver")))
+    with pytest.raises(ManifestError, match=f"^{bad}: neuron_driver: Field required$"):
+        load_toolchain(bad)
+    bad.write_text("- a list\n")
+    with pytest.raises(ManifestError, match="expected a mapping at the top level, got list"):
+        load_toolchain(bad)

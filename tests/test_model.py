@@ -9,7 +9,7 @@ from gemma4_port.compile.tracing import trace_quietly
 from gemma4_port.port.graphs import DecodeGraph, PrefillGraph
 from gemma4_port.port.lint import check_traced
 from gemma4_port.port.model import Gemma4Decoder, WeightError, copy_slot
-from gemma4_port.source.checkpoint import CheckpointReader
+from gemma4_port.source.checkpoint import CheckpointError, CheckpointReader
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from runtime.model.prefix import reusable_prefix
 from runtime.model.runner import chunks
@@ -67,7 +67,7 @@ def test_a_missing_checkpoint_tensor_fails_by_name(tmp_path, drop):
     tensors = load_file(str(folder / "model.safetensors"))
     del tensors["model.language_model." + drop]
     save_file(tensors, str(tmp_path / "model.safetensors"))
-    with pytest.raises(Exception, match=f"no tensor '{drop}'"):
+    with pytest.raises(CheckpointError, match=f"checkpoint has no tensor '{drop}'"):
         Gemma4Decoder(shard).load_weights(CheckpointReader(tmp_path))
 
 

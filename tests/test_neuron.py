@@ -9,6 +9,7 @@ import sys
 import pytest
 import torch
 
+from contract.graph_key import GraphKey
 from contract.hostside import HostInputs
 from contract.layout import KV_STATE, neuron_layout, signature
 from gemma4_port.compile.neuron import (
@@ -143,16 +144,15 @@ def test_nxd_layers_of_each_rank_match_the_sharding_plan(name):
 )
 def test_example_inputs_match_the_graph_signatures(name, variant):
     folder, config, reader, v, geo, host = _tiny(name, variant)
-    layout = neuron_layout(v.tp, v.prefill, v.buckets, v.kv_buckets, v.batch)
+    layout = neuron_layout(v.tp, v.prefill, v.buckets, v.key_buckets, v.batch)
     routes = set()
     for graph in layout.device_graphs:
         inputs = graph_inputs(host, geo, graph)
         check_inputs(inputs, geo, graph)
-        kind = graph.partition("_")[0]
-        assert [n for n, _, _ in signature(geo, graph)] == [n for n in geo.inputs[kind] if not n.startswith("kv")]
+        assert [n for n, _, _ in signature(geo, graph)] == [n for n in geo.inputs[graph.kind] if not n.startswith("kv")]
         routes.add(str([t.shape for t in inputs]))
     assert len(routes) == len(layout.device_graphs)  # ModelBuilder routes each call by its input shapes
-    decode = f"decode_{geo.kv_max}"
+    decode = GraphKey.decode(geo.kv_max)
     bad = list(graph_inputs(host, geo, decode))
     bad[0] = bad[0][:, :, :-1]
     with pytest.raises(CompileError, match="hidden"):

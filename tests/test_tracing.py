@@ -7,6 +7,7 @@ import torch
 
 from contract.artifact import load_meta
 from contract.dtypes import DTYPES
+from contract.graph_key import GraphKey
 from contract.hostside import HostInputs, HostTables
 from gemma4_port.compile.tracing import EXAMPLE_TOKEN, example_inputs, host_tables
 from gemma4_port.source.checkpoint import CheckpointReader
@@ -41,8 +42,8 @@ def test_a_tp_rank_traces_from_the_rows_its_example_inputs_look_up():
     folder, _, _, geo, _, host = setup("tiny-e2b", "b4")
     few = HostInputs(geo, host_tables(CheckpointReader(folder), geo, rows=EXAMPLE_TOKEN + 1))
     assert few.tables.embed.shape == (EXAMPLE_TOKEN + 1, geo.hidden)
-    for name in ("prefill_16_32", "decode_32"):
-        for a, b in zip(example_inputs(few, geo, name), example_inputs(host, geo, name)):
+    for graph in (GraphKey.prefill(16, 32), GraphKey.decode(32)):
+        for a, b in zip(example_inputs(few, geo, graph), example_inputs(host, geo, graph)):
             assert torch.equal(a, b)
 
 

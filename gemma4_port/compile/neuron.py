@@ -28,8 +28,9 @@ from typing import Literal
 import torch
 from torch import nn
 
-from contract.artifact import Geometry, prefill_graphs
+from contract.artifact import Geometry
 from contract.dtypes import DTYPES
+from contract.graph_key import GraphKey, prefill_graphs
 from contract.hostside import HostInputs
 from contract.layout import HOST_KV, NXD_MODEL, NeuronLayout, neuron_layout, signature
 from contract.versions import pin_problems
@@ -66,21 +67,21 @@ class DeviceKV(nn.Module):
         return {p: 1 + i for i, p in enumerate(self.kv)}  # output 0 is the logits
 
 
-def graph_inputs(host: HostInputs, geo, name: str) -> tuple[torch.Tensor, ...]:
+def graph_inputs(host: HostInputs, geo, graph: GraphKey) -> tuple[torch.Tensor, ...]:
     """A graph's example inputs without the KV tensors, which are state now."""
-    return example_inputs(host, geo, name)[: len(signature(geo, name))]
+    return example_inputs(host, geo, graph)[: len(signature(geo, graph))]
 
 
-def check_inputs(inputs, geo, name: str) -> None:
+def check_inputs(inputs, geo, graph: GraphKey) -> None:
     """Refuse example inputs that differ from the graph signature before a long compile."""
-    want = signature(geo, name)
+    want = signature(geo, graph)
     bad = [
         f"{n} is {tuple(t.shape)} {t.dtype}, the signature says {shape} {dtype}"
         for (n, shape, dtype), t in zip(want, inputs)
         if (tuple(t.shape), t.dtype) != (shape, dtype)
     ]
     if len(inputs) != len(want) or bad:
-        raise CompileError(f"{name}: {len(inputs)} example inputs for {len(want)} names; " + "; ".join(bad))
+        raise CompileError(f"{graph}: {len(inputs)} example inputs for {len(want)} names; " + "; ".join(bad))
 
 
 # -- the sharding plan as NxD parallel layers ----------------------------------------------------
@@ -191,6 +192,9 @@ def to_nxd(decoder: Gemma4Decoder, plan: list[NxdLinear], dtype: torch.dtype) ->
     from neuronx_distributed.parallel_layers.layers import ColumnParallelLinear, RowParallelLinear
 
     layers = {"column": ColumnParallelLinear, "row": RowParallelLinear}
+    # NxD shards the whole checkpoint itself: its slice must be the one the plan (and the CPU path) reads.
+    planned = {w.name: (w.dim, w.start, w.stop) for w in decoder.weight_map()}
+    tp, rank = decoder.shard.tp, decoder.shard.rank
     for e in plan:
         parent, _, attr = e.path.rpartition(".")
         old = decoder.get_submodule(e.path)
@@ -198,6 +202,11 @@ def to_nxd(decoder: Gemma4Decoder, plan: list[NxdLinear], dtype: torch.dtype) ->
         if new.weight.shape != old.weight.shape:
             raise ShardingError(
                 f"{e.path}: NxD holds {tuple(new.weight.shape)} per rank, the sharding plan {tuple(old.weight.shape)}"
+            )
+        if planned[e.path + ".weight"] != e.rank_slice(tp, rank):
+            raise ShardingError(
+                f"{e.path}: NxD gives rank {rank} the slice (dim, start, stop) {e.rank_slice(tp, rank)}, "
+                f"the sharding plan {planned[e.path + '.weight']}"
             )
         setattr(decoder.get_submodule(parent), attr, new)
 
@@ -279,13 +288,13 @@ class _Build:
         on rank 0's graph (check_spmd made it every rank's; its values do not matter to the lint)."""
         decoder = empty_decoder(shard_model(self.config, self.variant.tp, 0), self.dtype)
         out = {}
-        for key, names in self.layout.keys.items():
+        for key, graphs in self.layout.keys.items():
             module = DeviceKV(GRAPHS[key](decoder), self.geo.kv_shapes, self.dtype).eval()
             out[key] = []
-            for name in names:
-                inputs = graph_inputs(self.host, self.geo, name)
-                check_inputs(inputs, self.geo, name)
-                check_traced(trace_quietly(torch.jit.trace, module, inputs), name, self.geo.vocab)
+            for graph in graphs:
+                inputs = graph_inputs(self.host, self.geo, graph)
+                check_inputs(inputs, self.geo, graph)
+                check_traced(trace_quietly(torch.jit.trace, module, inputs), str(graph), self.geo.vocab)
                 out[key].append(inputs)
         return out
 
@@ -322,10 +331,11 @@ def _host_prefill(b: _Build, whole: Gemma4Decoder, shards: list[ModelShard]) -> 
     host = HostInputs(geo, b.host.tables)
     graphs = nn.Module()
     graphs.prefill = PrefillGraph(whole).eval()
-    names = prefill_graphs(geo.buckets, geo.key_buckets)
-    for name in names:
-        setattr(graphs, name, graphs.prefill.forward)  # trace_module traces methods by name
-    traced = trace_quietly(torch.jit.trace_module, graphs, {name: example_inputs(host, geo, name) for name in names})
+    prefills = prefill_graphs(geo.buckets, geo.key_buckets)
+    for graph in prefills:
+        setattr(graphs, str(graph), graphs.prefill.forward)  # trace_module traces methods by name
+    examples = {str(graph): example_inputs(host, geo, graph) for graph in prefills}
+    traced = trace_quietly(torch.jit.trace_module, graphs, examples)
     rel = "graphs/host_prefill.pt"
     torch.jit.save(traced, str(b.out / rel))
     (b.out / HOST_KV).write_text(json.dumps({"kv_heads": kv_head_ranges(shards)}) + "\n")
@@ -339,7 +349,7 @@ class NeuronGraphs:
 
     def __init__(self, manifest: Manifest, variant: Variant):
         self.manifest, self.variant = manifest, variant
-        self.layout = neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets, variant.batch)
+        self.layout = neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.key_buckets, variant.batch)
 
     def check(self) -> dict[str, str]:
         # ModelBuilder compiles through neuron_xla_compile with its persistent cache, keyed by the HLO

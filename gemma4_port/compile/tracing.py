@@ -11,11 +11,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from contract.artifact import Geometry, Rope, graph_names
+from contract.artifact import Geometry, Rope
 from contract.dtypes import DTYPES
 from contract.errors import Gemma4Error
+from contract.graph_key import GraphKey, variant_graphs
 from contract.hostside import HostInputs, scaled_tables
-from contract.layout import parse_graph
 from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph, input_names
 from gemma4_port.port.lint import check_traced
 from gemma4_port.port.model import Gemma4Decoder, kinds_present, kv_kinds, kv_shapes, ring_size
@@ -65,7 +65,7 @@ def geometry(config, shard: ModelShard, variant: Variant) -> Geometry:
         dtype=variant.dtype,
         batch=variant.batch,
         buckets=variant.buckets,
-        key_buckets=variant.kv_buckets,
+        key_buckets=variant.key_buckets,
         tp=variant.tp,
         prefill=variant.prefill,
         inputs={g: tuple(input_names(shard, g)) for g in ("prefill", "decode", "copy")},
@@ -101,15 +101,14 @@ def host_tables(reader: CheckpointReader, geo: Geometry, rows: int | None = None
     return TableBlobs(scaled_tables(read("embed_tokens.weight"), ple, geo))
 
 
-def example_inputs(host: HostInputs, geo: Geometry, name: str):
-    """The example inputs of a graph by name: prefill_<C>_<T> (a chunk of C over T keys), decode_<T>
-    or copy_<T>."""
+def example_inputs(host: HostInputs, geo: Geometry, graph: GraphKey):
+    """A graph's example inputs: a half-full chunk for a prefill, every slot for a decode."""
     dtype = DTYPES[geo.dtype]
     kv = tuple(torch.zeros(s, dtype=dtype) for s in geo.kv_shapes)
-    graph, bucket, keys = parse_graph(name)
-    if graph == "prefill":
+    bucket, keys = graph.chunk, graph.keys
+    if graph.kind == "prefill":
         return host.prefill([EXAMPLE_TOKEN] * max(1, bucket // 2), bucket, 0, kv, keys=keys)
-    if graph == "copy":
+    if graph.kind == "copy":
         return host.copy(0, 1, keys, keys, kv)
     return host.decode([EXAMPLE_TOKEN] * geo.batch, [0] * geo.batch, kv, keys=keys)
 
@@ -129,12 +128,13 @@ def trace_cpu(decoder: Gemma4Decoder, host: HostInputs, geo: Geometry, folder: P
     graphs = nn.Module()
     graphs.prefill, graphs.decode = PrefillGraph(decoder).eval(), DecodeGraph(decoder).eval()
     graphs.copy = CopyGraph(decoder).eval()
-    methods = graph_names(geo.buckets, geo.key_buckets, geo.batch)
-    for name in methods:
-        setattr(graphs, name, getattr(graphs, parse_graph(name)[0]).forward)  # trace_module traces methods by name
-    traced = trace_quietly(torch.jit.trace_module, graphs, {name: example_inputs(host, geo, name) for name in methods})
-    for name in methods:
-        check_traced(getattr(traced, name), prefix + name, geo.vocab)
+    methods = variant_graphs(geo.buckets, geo.key_buckets, geo.batch)
+    for graph in methods:
+        setattr(graphs, str(graph), getattr(graphs, graph.kind).forward)  # trace_module traces methods by name
+    examples = {str(graph): example_inputs(host, geo, graph) for graph in methods}
+    traced = trace_quietly(torch.jit.trace_module, graphs, examples)
+    for graph in methods:
+        check_traced(getattr(traced, str(graph)), f"{prefix}{graph}", geo.vocab)
     rel = f"graphs/{prefix}graphs.pt"
     torch.jit.save(traced, str(folder / rel))
-    return {prefix + name: rel for name in methods}
+    return {f"{prefix}{graph}": rel for graph in methods}

@@ -197,7 +197,7 @@ def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
     scores, rows = max(sizes.transient(variant.tp, r, variant) for r in ranks)
     return Footprint(
         variant=variant,
-        layout=neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.kv_buckets, variant.batch),
+        layout=neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.key_buckets, variant.batch),
         rank_weights=size * max(sizes.weights(variant.tp, r) for r in ranks),
         rank_kv=size * max(sizes.kv(variant.tp, r, variant.batch, variant.kv_max, sizes.ring(variant)) for r in ranks),
         rank_scores=4 * scores,
@@ -232,7 +232,7 @@ def compile_swap_gib(manifest: Manifest, variant: Variant, host_gib: int = BUILD
 
 
 def at_kv_max(sizes: ModelSizes, variant: Variant, kv_max: int) -> Footprint:
-    return footprint(sizes, variant.model_copy(update={"kv_max": kv_max, "key_buckets": ()}))
+    return footprint(sizes, variant.model_copy(update={"kv_max": kv_max, "key_buckets": (kv_max,)}))
 
 
 def largest_kv_max(sizes: ModelSizes, fp: Footprint) -> int | None:
@@ -286,7 +286,7 @@ def fixes(sizes: ModelSizes, fp: Footprint) -> list[str]:
             out.append(f"{text} -> {gib(other.counted_core)} GiB per core")
     kv_max = largest_kv_max(sizes, fp)
     if kv_max:
-        buckets = f", key_buckets ending at {kv_max}" if v.key_buckets else ""
+        buckets = f", key_buckets ending at {kv_max}" if len(v.key_buckets) > 1 else ""
         out.append(f"kv_max: {kv_max} (or less{buckets}) -> the KV fits beside the weights")
     return out
 

@@ -76,7 +76,7 @@ def roofline(sizes: ModelSizes, v: Variant, keys: int, batch: int) -> Roofline:
 
 def rooflines(sizes: ModelSizes, v: Variant) -> list[Roofline]:
     """At the smallest and the largest key bucket, at batch 1 and at batch 4."""
-    keys = sorted({v.kv_buckets[0], v.kv_buckets[-1]})
+    keys = sorted({v.key_buckets[0], v.key_buckets[-1]})
     return [roofline(sizes, v, t, b) for t in keys for b in (1, 4)]
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal, TypeVar, get_args
 
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
@@ -12,6 +12,10 @@ from pydantic import BaseModel, Field, ValidationError, field_validator, model_v
 from contract.errors import Gemma4Error
 from contract.files import read_parsed
 from contract.typed import Frozen
+from gemma4_port import MANIFESTS
+
+TOOLCHAIN = MANIFESTS / "toolchain.yaml"  # the toolchain a manifest without its own builds with
+T = TypeVar("T", bound=BaseModel)
 
 
 class ManifestError(Gemma4Error, ValueError):
@@ -122,18 +126,21 @@ class Variant(Frozen):
     batch: int = Field(1, ge=1, le=64)
     buckets: tuple[int, ...] = Field(min_length=1)
     kv_max: int = Field(ge=2)
+    # One decode graph per entry, and one prefill graph per entry and chunk bucket it holds: a step or
+    # a chunk runs the smallest that holds its positions, so a short context neither attends over, nor
+    # rewrites, nor ships mask rows for the whole cache.
     key_buckets: tuple[int, ...] = Field(
-        (), description="cache lengths the decode and prefill graphs attend over; default (kv_max,)"
+        min_length=1, description="cache lengths the decode and prefill graphs attend over; default (kv_max,)"
     )
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     prefill: Literal["device", "host"] = "device"
 
-    @property
-    def kv_buckets(self) -> tuple[int, ...]:
-        """One decode graph per entry, and one prefill graph per entry and chunk bucket it holds: a step
-        or a chunk runs the smallest that holds its positions, so a short context neither attends
-        over, nor rewrites, nor ships mask rows for the whole cache."""
-        return self.key_buckets or (self.kv_max,)
+    @model_validator(mode="before")
+    @classmethod
+    def _key_buckets_default_to_kv_max(cls, data: Any) -> Any:
+        if isinstance(data, dict) and not data.get("key_buckets") and "kv_max" in data:
+            return {**data, "key_buckets": (data["kv_max"],)}
+        return data
 
     @model_validator(mode="after")
     def _buckets_fit(self) -> Variant:
@@ -145,7 +152,7 @@ class Variant(Frozen):
                 "so that at least one token can be generated"
             )
         kv = list(self.key_buckets)
-        if kv and (kv != sorted(set(kv)) or kv[0] < 1 or kv[-1] != self.kv_max):
+        if kv != sorted(set(kv)) or kv[0] < 1 or kv[-1] != self.kv_max:
             raise ValueError(
                 f"key_buckets must be positive, strictly increasing and end at kv_max ({self.kv_max}), got {kv}"
             )
@@ -206,8 +213,12 @@ def _location(loc: tuple[Any, ...]) -> str:
 
 
 def parse_manifest(data: Any, origin: str) -> Manifest:
+    return _validate(Manifest, data, origin)
+
+
+def _validate(model: type[T], data: Any, origin: str) -> T:
     try:
-        return Manifest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         # A misspelled key is two errors, the unknown one and the "Field required" it leaves: name the
         # unknown one first, with the fields allowed there.
@@ -215,7 +226,7 @@ def parse_manifest(data: Any, origin: str) -> Manifest:
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         msg = err["msg"].removeprefix("Value error, ")  # pydantic's prefix for a validator's own message
         if err["type"] == "extra_forbidden":
-            msg = f"unknown field; allowed here: {', '.join(_fields_at(Manifest, err['loc'][:-1]))}"
+            msg = f"unknown field; allowed here: {', '.join(_fields_at(model, err['loc'][:-1]))}"
         raise ManifestError(f"{origin}: {_location(err['loc'])}: {msg}{more}") from None
 
 
@@ -232,16 +243,42 @@ def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
     return [name for name, field in model.model_fields.items() if not field.exclude]
 
 
-def load_manifest(path: str | Path) -> Manifest:
-    path = Path(path)
+def _read_mapping(path: Path, what: str) -> dict[str, Any]:
     data = read_parsed(
         path,
         yaml.safe_load,
         ManifestError,
-        missing=f"{path}: no such manifest file",
+        missing=f"{path}: no such {what} file",
         syntax="YAML",
         syntax_errors=(yaml.YAMLError,),
     )
     if not isinstance(data, dict):
         raise ManifestError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
-    return parse_manifest({**data, "path": path}, str(path))
+    return data
+
+
+def load_toolchain(path: Path = TOOLCHAIN) -> Toolchain:
+    """The toolchain every shipped manifest builds with, kept in one file."""
+    return _validate(Toolchain, _read_mapping(path, "toolchain"), str(path))
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    """A manifest file; without a `toolchain` of its own it takes the shared one (load_toolchain)."""
+    path = Path(path)
+    data = _read_mapping(path, "manifest")
+    toolchain = data["toolchain"] if "toolchain" in data else load_toolchain()
+    return parse_manifest({**data, "toolchain": toolchain, "path": path}, str(path))
+
+
+def shipped_manifests() -> list[Path]:
+    """The manifests that come with the package, by name."""
+    return sorted(p for p in MANIFESTS.glob("*.yaml") if p != TOOLCHAIN)
+
+
+def find_manifest(arg: str | Path) -> Path:
+    """A manifest argument: a file path, or the name of a shipped manifest (`tiny-e2b`)."""
+    path = Path(arg)
+    shipped = MANIFESTS / f"{arg}.yaml"
+    if not path.exists() and path.suffix not in (".yaml", ".yml") and shipped in shipped_manifests():
+        return shipped
+    return path

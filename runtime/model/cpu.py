@@ -8,6 +8,7 @@ import torch
 
 from contract.artifact import ArtifactMeta
 from contract.dtypes import DTYPES
+from contract.graph_key import GraphKey
 
 
 class CpuBackend:
@@ -30,18 +31,18 @@ class CpuBackend:
     def reset(self) -> None:
         self.kv = [torch.zeros(s, dtype=self.dtype) for s in self.kv_shapes]
 
-    def _run(self, name: str, inputs) -> torch.Tensor:
-        logits, *self.kv = self.graphs[name](*inputs, *self.kv)
+    def _run(self, graph: GraphKey, inputs) -> torch.Tensor:
+        logits, *self.kv = self.graphs[str(graph)](*inputs, *self.kv)
         return logits
 
     def prefill(self, bucket: int, keys: int, inputs) -> torch.Tensor:
-        return self._run(f"prefill_{bucket}_{keys}", inputs)
+        return self._run(GraphKey.prefill(bucket, keys), inputs)
 
     def decode(self, keys: int, inputs) -> torch.Tensor:
-        return self._run(f"decode_{keys}", inputs)
+        return self._run(GraphKey.decode(keys), inputs)
 
     def copy(self, keys: int, inputs) -> None:
-        self._run(f"copy_{keys}", inputs)
+        self._run(GraphKey.copy(keys), inputs)
 
     def close(self) -> None:
         self.graphs.clear()

@@ -20,7 +20,8 @@ from pathlib import Path
 
 import torch
 
-from contract.artifact import ArtifactMeta, prefill_graphs
+from contract.artifact import ArtifactMeta
+from contract.graph_key import GraphKey, prefill_graphs
 from contract.layout import HOST_KV, KV_STATE, NXD_WEIGHTS, neuron_layout, rank_cores
 from contract.versions import check_versions
 from runtime.model.neuron_sdk import check_driver, installed_versions, require
@@ -88,13 +89,13 @@ class _HostPrefill:
     def __init__(self, folder: Path, meta: ArtifactMeta):
         module = torch.jit.load(str(folder / meta.graphs["host_prefill"]), map_location="cpu").eval()
         geo = meta.geometry
-        self.graphs = {name: getattr(module, name) for name in prefill_graphs(geo.buckets, geo.key_buckets)}
+        self.graphs = {graph: getattr(module, str(graph)) for graph in prefill_graphs(geo.buckets, geo.key_buckets)}
         raw = json.loads((folder / HOST_KV).read_text())["kv_heads"]
         self.ranges = [[tuple(r) for r in per_rank] for per_rank in raw]
 
     def __call__(self, bucket: int, keys: int, inputs, kv: ResidentKV) -> torch.Tensor:
         # The graph replaces one slot and returns the others unchanged, so it needs the live KV.
-        logits, *new = self.graphs[f"prefill_{bucket}_{keys}"](*inputs, *join_kv(kv.read(), self.ranges))
+        logits, *new = self.graphs[GraphKey.prefill(bucket, keys)](*inputs, *join_kv(kv.read(), self.ranges))
         kv.write(split_kv(new, self.ranges))
         return logits
 

@@ -1,18 +1,19 @@
-"""build.py's command line: every argument explains itself, the README's command table lists every
-option of every command, and a user's mistake is one `error:` line and exit 2, never a traceback."""
+"""gemma4_port/cli.py, the command line `python build.py` runs: every argument explains itself, the
+README's command table lists every option of every command, and a user's mistake is one `error:`
+line and exit 2, never a traceback."""
 
 from __future__ import annotations
 
 import argparse
 import re
 
-import build
+from gemma4_port import cli
 from support import ROOT
 from support.cli import build_py
 
 
 def commands() -> dict[str, argparse.ArgumentParser]:
-    (sub,) = [a for a in build.parser()._actions if isinstance(a, argparse._SubParsersAction)]
+    (sub,) = [a for a in cli.parser()._actions if isinstance(a, argparse._SubParsersAction)]
     return dict(sub.choices)
 
 

@@ -2,10 +2,10 @@
 ARGS ?=
 VENV := .venv/bin
 
-.PHONY: help setup demo test test-fast test-docker lint fmt check
+.PHONY: help setup demo test test-fast test-docker test-torch28 lint fmt check
 
 help:  ## this list
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed -e 's/:.*## /\t/'
 
 $(VENV)/python:
 	bash scripts/setup.sh
@@ -33,3 +33,6 @@ fmt: | $(VENV)/python  ## format and fix what ruff can fix
 	$(VENV)/ruff check --fix .
 
 check: lint test-fast  ## lint, then the Docker-free tests
+
+test-torch28: | $(VENV)/python  ## the port and Neuron stand-in tests on torch 2.8 (its own cached venv)
+	bash scripts/torch28.sh $(ARGS)

@@ -215,11 +215,12 @@ def sentinel_manifest():
     """A manifest whose every string that reaches a Dockerfile is one no template or default holds."""
     import yaml
 
-    from gemma4_port.source.manifest import parse_manifest
+    from gemma4_port.source.manifest import TOOLCHAIN, parse_manifest
 
     data = yaml.safe_load((MANIFESTS / "gemma-4-e2b.yaml").read_text())
     data["name"] = "sentinel-name"
     data["model"] = {"source": "sentinel-owner/sentinel-model", "revision": "sentinel/rev"}
+    data["toolchain"] = yaml.safe_load(TOOLCHAIN.read_text())  # the shared toolchain, as the manifest's own
     data["toolchain"].update(
         torch_neuronx="7.71.7.7.71.7171",
         neuronx_cc="7.72.7272.7",

@@ -63,6 +63,7 @@ def signature(geo: Geometry, graph: GraphKey) -> list[tuple[str, tuple[int, ...]
     rows, and of a copy's `held`, tell the key buckets apart)."""
     S, keys = graph.tokens, graph.keys
     B = geo.batch
+    shapes: dict[str, tuple[int, ...]]
     if graph.kind == "copy":
         shapes = {"source": (B,), "target": (B,), "held": (keys,)}
     else:
@@ -94,7 +95,7 @@ def visible_cores(env=os.environ) -> tuple[int, ...] | None:
     raw = env.get("NEURON_RT_VISIBLE_CORES", "").strip()
     if not raw:
         return None
-    cores = []
+    cores: list[int] = []
     for part in raw.split(","):
         first, _, last = part.strip().partition("-")
         if not first.isdigit() or not (last or first).isdigit() or int(last or first) < int(first):

@@ -153,7 +153,8 @@ TOO_LONG = "hello world " * 40  # > 64 tokens, the context of tiny-e2b
         (COMPLETIONS, {"model": MODEL, "prompt": TOO_LONG}, 400, "prompt", "context_length_exceeded"),
         (COMPLETIONS, {"model": MODEL, "prompt": []}, 400, "prompt", None),
         (COMPLETIONS, {"model": MODEL, "prompt": [1, 99999]}, 400, "prompt", None),
-        (COMPLETIONS, {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", None),
+        (COMPLETIONS, {"model": MODEL, "prompt": ["a", 5]}, 400, "prompt", None),
+        (COMPLETIONS, {"model": MODEL, "prompt": "x", "suffix": "y"}, 400, "suffix", "unsupported_parameter"),
         (COMPLETIONS, {"model": MODEL, "prompt": "x", "logprobs": 6}, 400, "logprobs", None),
         (CHAT, {"model": MODEL, "messages": HI, "min_p": 1.5}, 400, "min_p", None),
         (CHAT, {"model": MODEL, "messages": HI, "min_p": -0.1}, 400, "min_p", None),
@@ -172,7 +173,9 @@ TOO_LONG = "hello world " * 40  # > 64 tokens, the context of tiny-e2b
             "unsupported_parameter",
         ),
         (CHAT, {"model": MODEL, "messages": HI, "length_penalty": "long"}, 400, "length_penalty", None),
-        (COMPLETIONS, {"model": MODEL, "prompt": [[1, 2], [3]]}, 400, "prompt", None),
+        (COMPLETIONS, {"model": MODEL, "prompt": [[1, 2], []]}, 400, "prompt", None),
+        (COMPLETIONS, {"model": MODEL, "prompt": [[1, 2], [1, 99999]], "n": 1}, 400, "prompt.1", None),
+        (COMPLETIONS, {"model": MODEL, "prompt": ["a", "b"]}, 400, "prompt", None),  # more than the queue of 1
         (COMPLETIONS, {"model": MODEL, "prompt": "x", "prompt_logprobs": -1}, 400, "prompt_logprobs", None),
         (CHAT, {"model": MODEL, "messages": HI, "prompt_logprobs": 21}, 400, "prompt_logprobs", None),
     ],
@@ -401,3 +404,10 @@ def test_a_forced_grammar_compiles_and_refuses_a_second_constraint(engine):
     both = ChatCompletionRequest.model_validate({"model": MODEL, "messages": HI, "guided_regex": "a+"})
     with pytest.raises(APIError, match="guided_regex: cannot be combined with tool_choice"):
         compile_grammar(engine, both, forced)
+
+
+def test_the_model_has_no_fill_in_the_middle_tokens(engine):
+    """Why `suffix` is refused: Gemma-4's special tokens (which the test tokenizer carries) include no
+    FIM tokens (CodeGemma's <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>) to build such a prompt from."""
+    specials = {t.content for t in engine.tokenizer.added_tokens_decoder.values()}
+    assert "<|tool_call>" in specials and not any("fim" in t.lower() for t in specials)

@@ -332,10 +332,50 @@ def test_an_engine_failure_in_a_stream_is_an_openai_error_event_and_a_log_line(c
     job.put(Failed("engine error: the device stopped answering"))
     spec = ResponseSpec("tiny-e2b", lambda tid: b"x")
     with caplog.at_level("ERROR", logger="gemma4.api"):
-        chunks = list(stream(job, spec, 1, include_usage=False, continuous_usage=False))
+        chunks = list(stream([job], [spec], 1, include_usage=False, continuous_usage=False))
     assert json.loads(chunks[0].removeprefix("data: "))["choices"][0]["text"] == "partial"
     error = json.loads(chunks[-1].removeprefix("data: "))["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["code"] == "engine_error"
     assert "the device stopped answering" in error["message"] and "[DONE]" not in "".join(chunks)
     assert any(spec.id in r.getMessage() and "the device stopped answering" in r.getMessage() for r in caplog.records)
     assert job.cancelled  # its slots are freed
+
+
+# -- a batch of prompts in /v1/completions ------------------------------------------------------------
+BATCH = ["The sky is", "A cat", "One two three"]
+
+
+def test_a_batch_of_prompts_answers_in_openai_order(client, engine):
+    """Prompt i's choice j is index i * n + j; each answers its own prompt as if sent alone (greedy),
+    and usage sums the batch."""
+    kw = {"max_tokens": 3, "temperature": 0}
+    reply = post(client, COMPLETIONS, {"prompt": BATCH, "n": 2} | kw)
+    assert [c["index"] for c in reply["choices"]] == list(range(6))
+    alone = [post(client, COMPLETIONS, {"prompt": p} | kw) for p in BATCH]
+    assert texts(reply) == [t for one in alone for t in texts(one) * 2]
+    assert reply["usage"]["prompt_tokens"] == sum(a["usage"]["prompt_tokens"] for a in alone)
+    assert reply["usage"]["completion_tokens"] == sum(2 * a["usage"]["completion_tokens"] for a in alone)
+    streamed = events(client, COMPLETIONS, {"prompt": BATCH, "n": 2, "stream_options": {"include_usage": True}} | kw)
+    assert streamed_texts(streamed, 6) == texts(reply)
+    assert streamed[-1]["usage"] == reply["usage"]
+
+
+def test_a_batch_of_token_prompts_with_echo_as_lm_eval_sends_it(client, engine):
+    """lm-evaluation-harness at --batch_size 4: four token-id prompts, echo and logprobs; each choice
+    echoes its own prompt and scores it as the prompt alone does."""
+    batch = [prompt_ids(engine, t) for t in ("The capital of France", "Paris is", "Two plus two", "Hello")]
+    kw = {"max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0, "seed": 1234}
+    reply = post(client, COMPLETIONS, {"prompt": batch} | kw)
+    assert [c["index"] for c in reply["choices"]] == [0, 1, 2, 3]
+    for tokens, choice in zip(batch, reply["choices"]):
+        alone = post(client, COMPLETIONS, {"prompt": tokens} | kw)["choices"][0]
+        assert choice["text"] == alone["text"] and choice["text"].startswith(engine.tokenizer.decode(tokens))
+        assert choice["logprobs"]["token_logprobs"] == pytest.approx(alone["logprobs"]["token_logprobs"])
+
+
+def test_a_batch_that_cannot_fit_is_refused_whole(client, engine):
+    """One prompt of the batch too long: a 400 naming it, and nothing of the batch runs."""
+    too_long = list(range(1, engine.geometry.kv_max + 1))
+    resp = client.post(COMPLETIONS, json={"model": MODEL, "prompt": [[1, 2], too_long], "max_tokens": 1})
+    assert resp.status_code == 400 and resp.get_json()["error"]["code"] == "context_length_exceeded"
+    assert client.get("/ready").status_code == 200

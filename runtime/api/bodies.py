@@ -12,7 +12,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,15 +200,44 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def whole(
-    job: Job, spec: ResponseSpec, n: int, runs: int | None = None, abandoned: Callable[[], bool] | None = None
+    jobs: Sequence[Job],
+    specs: Sequence[ResponseSpec],
+    n: int,
+    runs: int | None = None,
+    abandoned: Callable[[], bool] | None = None,
 ) -> dict:
     """The response body of a request that does not stream: every choice run to its end. With
-    `runs` > n (best_of), the n runs of the highest cumulative logprob are the choices."""
+    `runs` > n (best_of), the n runs of the highest cumulative logprob are the choices. Several
+    prompts (jobs[i] with specs[i]): prompt i's choice j is index i * n + j, as OpenAI numbers a
+    batch, and usage sums them all."""
     runs = runs or n
+    out: list[_Choice] = []
+    tokens = 0  # every run counts, as OpenAI bills best_of
+    try:
+        for i, (job, spec) in enumerate(zip(jobs, specs, strict=True)):
+            choices = _run_whole(job, spec, runs, abandoned)
+            tokens += sum(c.tokens for c in choices)
+            if runs > n:
+                choices = sorted(choices, key=lambda c: -sum(e.logprob or 0.0 for e in c.entries))[
+                    :n
+                ]  # generated: never None
+            for j, c in enumerate(choices):
+                c.index = i * n + j
+            out += choices
+    finally:  # a failed prompt withdraws the others
+        for job in jobs:
+            job.cancel()
+    spec = specs[0]
+    prompt_tokens = sum(len(job.prompt) for job in jobs)
+    extra = {"prompt_logprobs": out[0].prompt_logprobs()} if spec.chat and spec.prompt_logprobs is not None else {}
+    return spec.envelope([c.whole() for c in out], chunk=False, usage=usage(prompt_tokens, tokens), **extra)
+
+
+def _run_whole(job: Job, spec: ResponseSpec, runs: int, abandoned: Callable[[], bool] | None) -> list[_Choice]:
+    """One prompt's runs, each to its end."""
     choices = [_Choice(spec, i, job.prompt) for i in range(runs)]
     for event in job.events(runs, abandoned):
         if isinstance(event, Failed):
-            job.cancel()
             raise engine_failure(spec, event)
         c = choices[event.index]
         c.take(event)
@@ -219,53 +248,54 @@ def whole(
             c.deltas("", end=True)
     if any(c.finish == "cancelled" for c in choices):  # nobody reads this; the access log shows "client closed"
         raise APIError(499, "the client closed the connection before the answer was ready", code="client_closed")
-    tokens = sum(c.tokens for c in choices)  # every run counts, as OpenAI bills best_of
-    if runs > n:
-        # A generated token always has its logprob (only a prompt's first token has none).
-        choices = sorted(choices, key=lambda c: -sum(e.logprob or 0.0 for e in c.entries))[:n]
-        for i, c in enumerate(choices):
-            c.index = i
-    extra = {"prompt_logprobs": choices[0].prompt_logprobs()} if spec.chat and spec.prompt_logprobs is not None else {}
-    return spec.envelope([c.whole() for c in choices], chunk=False, usage=usage(len(job.prompt), tokens), **extra)
+    return choices
 
 
 def sse(obj: dict | str) -> str:
     return f"data: {obj if isinstance(obj, str) else json.dumps(obj, separators=(',', ':'))}\n\n"
 
 
-def stream(job: Job, spec: ResponseSpec, n: int, include_usage: bool, continuous_usage: bool) -> Iterator[str]:
-    """SSE chunks, then `data: [DONE]`. Leaving early (the client went away: the server closes this
-    generator) cancels the job, which frees its slots."""
-    choices = [_Choice(spec, i, job.prompt) for i in range(n)]
+def stream(
+    jobs: Sequence[Job], specs: Sequence[ResponseSpec], n: int, include_usage: bool, continuous_usage: bool
+) -> Iterator[str]:
+    """SSE chunks, then `data: [DONE]`; several prompts one after another (prompt i's choice j is
+    index i * n + j). Leaving early (the client went away: the server closes this generator) cancels
+    the jobs, which frees their slots."""
+    prompt_tokens = sum(len(job.prompt) for job in jobs)
+    begun: list[_Choice] = []  # the choices of every prompt streamed so far
 
     def chunk(choice_list: list, **extra) -> str:
         if continuous_usage:
-            extra = {"usage": usage(len(job.prompt), sum(c.tokens for c in choices))} | extra
-        return sse(spec.envelope(choice_list, chunk=True, **extra))
+            extra = {"usage": usage(prompt_tokens, sum(c.tokens for c in begun))} | extra
+        return sse(specs[0].envelope(choice_list, chunk=True, **extra))
 
     try:
-        for c in choices:
-            if spec.chat:
-                yield chunk([c.chunk({"role": "assistant", "content": ""})])
-        for event in job.events(n):
-            if isinstance(event, Failed):  # after the 200: OpenAI's error event, which its clients raise
-                yield sse(engine_failure(spec, event).body())
-                return
-            c = choices[event.index]
-            c.take(event)
-            if spec.echo and not c.echoed:  # the prompt, with its logprobs if asked for, before any token
-                c.echoed, generated, c.pending = True, c.pending, c.echoed_logprobs()
-                yield chunk([c.chunk({"text": spec.echo})])
-                c.pending = generated
-            if isinstance(event, Finished):
-                for delta in c.deltas("", end=True):
-                    yield chunk([c.chunk(delta)])
-                yield chunk([c.chunk(None, c.finish_reason(event.reason))])
-            else:
-                for delta in c.deltas(event.text):
-                    yield chunk([c.chunk(delta)])
+        for i, (job, spec) in enumerate(zip(jobs, specs, strict=True)):
+            choices = [_Choice(spec, i * n + j, job.prompt) for j in range(n)]
+            begun += choices
+            for c in choices:
+                if spec.chat:
+                    yield chunk([c.chunk({"role": "assistant", "content": ""})])
+            for event in job.events(n):
+                if isinstance(event, Failed):  # after the 200: OpenAI's error event, which its clients raise
+                    yield sse(engine_failure(spec, event).body())
+                    return
+                c = choices[event.index]
+                c.take(event)
+                if spec.echo and not c.echoed:  # the prompt, with its logprobs if asked for, before any token
+                    c.echoed, generated, c.pending = True, c.pending, c.echoed_logprobs()
+                    yield chunk([c.chunk({"text": spec.echo})])
+                    c.pending = generated
+                if isinstance(event, Finished):
+                    for delta in c.deltas("", end=True):
+                        yield chunk([c.chunk(delta)])
+                    yield chunk([c.chunk(None, c.finish_reason(event.reason))])
+                else:
+                    for delta in c.deltas(event.text):
+                        yield chunk([c.chunk(delta)])
         if include_usage:
-            yield sse(spec.envelope([], chunk=True, usage=usage(len(job.prompt), sum(c.tokens for c in choices))))
+            yield sse(specs[0].envelope([], chunk=True, usage=usage(prompt_tokens, sum(c.tokens for c in begun))))
         yield sse("[DONE]")
     finally:
-        job.cancel()
+        for job in jobs:
+            job.cancel()

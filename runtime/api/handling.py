@@ -10,6 +10,7 @@ import functools
 import logging
 import socket
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import TypeVar
 
 from flask import Response, current_app, jsonify, request
@@ -18,11 +19,13 @@ from pydantic import BaseModel
 from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from runtime.api.bodies import ResponseSpec, stream, whole
-from runtime.api.caps import check_total, default_budget, over
-from runtime.api.chat import ChatTemplateError
+from runtime.api.caps import check_costs, check_total, default_budget, over
+from runtime.api.chat import ChatTemplateError, render, template_kwargs, tool_names
 from runtime.api.errors import APIError
-from runtime.api.protocol import GenerationRequest, StreamOptions, ignored_fields
+from runtime.api.protocol import ChatCompletionRequest, GenerationRequest, StreamOptions, ignored_fields
+from runtime.api.reply_parser import ReplyParser
 from runtime.api.state import server_state
+from runtime.api.tool_grammar import forced
 from runtime.bounded import Busy, Late
 from runtime.generate.engine import Engine, NotReady, QueueFull, State
 from runtime.generate.grammar import Grammar, GrammarError, GrammarMatcher
@@ -238,12 +241,51 @@ def client_gone(environ) -> Callable[[], bool]:
     return gone
 
 
-def respond(job: Job, body: GenerationRequest, spec: ResponseSpec) -> Response:
+def event_stream(events: Iterator[str]) -> Response:
+    return Response(
+        events, mimetype="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+    )
+
+
+def respond(jobs: list[Job], body: GenerationRequest, specs: list[ResponseSpec]) -> Response:
+    """The answer to jobs[i] shaped by specs[i] (one per prompt), streamed or whole."""
     if body.stream:
         opts = body.stream_options or StreamOptions()
-        return Response(
-            stream(job, spec, body.n, opts.include_usage, opts.continuous_usage_stats),
-            mimetype="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
-    return jsonify(whole(job, spec, body.n, body.runs(), abandoned=client_gone(request.environ)))
+        return event_stream(stream(jobs, specs, body.n, opts.include_usage, opts.continuous_usage_stats))
+    return jsonify(whole(jobs, specs, body.n, body.runs(), abandoned=client_gone(request.environ)))
+
+
+@dataclass(frozen=True)
+class ChatRun:
+    """A chat request submitted: its job and a factory of the reply's parser."""
+
+    job: Job
+    parser: Callable[[], ReplyParser]
+
+
+def start_chat(eng: Engine, body: ChatCompletionRequest) -> ChatRun:
+    """Template, tokenize and submit a chat request (the chat and the Responses routes both do)."""
+    check_model(eng, body.model)
+    state = server_state()
+    check_costs(body, state.limits)
+    check_size(eng, [m.content or "" for m in body.messages], "messages")
+    names = tool_names(body.tools, body.messages)  # aliases for names Gemma's call syntax cannot carry
+    text = render_prompt(
+        eng,
+        lambda: render(
+            eng.tokenizer, body.messages, body.tools, body.tool_choice, body.chat_template_kwargs, names, state.limits
+        ),
+    )
+    with state.tokenizer_lock:
+        prompt = eng.tokenizer(text, add_special_tokens=False).input_ids  # the template writes <bos>
+    with template_errors():  # a tool schema the grammar cannot follow, or one past a cap, is a 400 too
+        thinking = template_kwargs(body.chat_template_kwargs, state.limits).get("enable_thinking") is True
+        limits = eng.settings.grammar_limits
+        grammar = forced(eng.tokenizer, body.tools, body.tool_choice, body.parallel_tool_calls, limits, names, thinking)
+    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+    # The reply's parser needs the special tokens as boundaries; it drops them from what it passes on.
+    job = submit(eng, body, list(prompt), max_tokens, "messages", skip_special_tokens=False, imposed=grammar)
+    parser = functools.partial(
+        ReplyParser, eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens, names=names
+    )
+    return ChatRun(job, parser)

@@ -31,14 +31,18 @@ def _stops(value) -> tuple[str, ...]:
     return tuple(stops)  # how many, and how long: the server's caps (runtime.api.caps)
 
 
-def _prompt(value) -> str | list[int]:
-    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], (str, list)):
-        value = value[0]  # a batch of one, as lm-evaluation-harness sends token ids
-    if isinstance(value, str) or (isinstance(value, list) and value and all(type(t) is int for t in value)):
-        return value
+def _one_prompt(value) -> bool:
+    return isinstance(value, str) or (isinstance(value, list) and bool(value) and all(type(t) is int for t in value))
+
+
+def _prompts(value) -> tuple[str | list[int], ...]:
+    """OpenAI's `prompt`: a string, a list of token ids, or a list of either (a batch, answered in order)."""
+    if _one_prompt(value):
+        return (value,)
+    if isinstance(value, list) and value and all(_one_prompt(p) for p in value):
+        return tuple(value)
     raise ValueError(
-        "must be a string, a non-empty list of token ids, or a list of one of them (one prompt per "
-        "request: this server does not take a batch of prompts)"
+        "must be a string, a non-empty list of token ids, or a non-empty list of them (a batch of prompts)"
     )
 
 
@@ -242,7 +246,8 @@ class ChatCompletionRequest(GenerationRequest):
 
 
 class CompletionRequest(GenerationRequest):
-    prompt: Annotated[str | list[int], PlainValidator(_prompt)]
+    prompt: Annotated[tuple[str | list[int], ...], PlainValidator(_prompts)]
+    suffix: str | None = None  # fill-in-the-middle: refused (the route says why)
     max_tokens: int | None = Field(default=None, ge=0)  # 0: only the prompt's logprobs (checked in the route)
     logprobs: int | None = Field(default=None, ge=0, le=5)
     echo: bool = False

@@ -1,34 +1,37 @@
-"""The OpenAI API: /v1/models, /v1/completions, /v1/chat/completions, streamed (SSE) or not, and
-vLLM's /tokenize and /detokenize. Handlers only: the request bodies are runtime.api.protocol's, what
+"""The OpenAI API: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses, streamed (SSE)
+or not, and vLLM's /tokenize and /detokenize. Handlers only: the request bodies are runtime.api.protocol's, what
 every generating route does with one is runtime.api.handling's."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
-import functools
 from typing import Any
 
-from flask import Blueprint, jsonify
+from flask import Blueprint, jsonify, request
 
+from runtime.api import responses
 from runtime.api.bodies import ResponseSpec
 from runtime.api.caps import check_costs, check_messages
-from runtime.api.chat import ToolChoiceFunction, render, template_kwargs, template_messages, tool_names
+from runtime.api.chat import ToolChoiceFunction, template_messages, tool_names
 from runtime.api.errors import APIError
 from runtime.api.handling import (
     check_model,
     check_size,
+    client_gone,
+    event_stream,
     parse,
     ready_engine,
     render_prompt,
     respond,
+    start_chat,
     submit,
     template_errors,
     token_bytes,
 )
 from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
-from runtime.api.reply_parser import ReplyParser
+from runtime.api.responses_protocol import ResponsesRequest
 from runtime.api.state import server_state
-from runtime.api.tool_grammar import forced
 from runtime.generate.engine import Engine
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
@@ -70,49 +73,29 @@ def get_model(model_id: str):
 def chat_completions():
     body = parse(ChatCompletionRequest)
     eng = ready_engine()
-    check_model(eng, body.model)
-    state = server_state()
-    check_costs(body, state.limits)
-    check_size(eng, [m.content or "" for m in body.messages], "messages")
-    names = tool_names(body.tools, body.messages)  # aliases for names Gemma's call syntax cannot carry
-    text = render_prompt(
-        eng,
-        lambda: render(
-            eng.tokenizer, body.messages, body.tools, body.tool_choice, body.chat_template_kwargs, names, state.limits
-        ),
+    run = start_chat(eng, body)
+    spec = ResponseSpec(
+        eng.model_name,
+        token_bytes(eng),
+        run.parser,
+        logprobs=body.logprobs,
+        named_tool=isinstance(body.tool_choice, ToolChoiceFunction),
+        prompt_logprobs=body.prompt_logprobs,
     )
-    with state.tokenizer_lock:
-        prompt = eng.tokenizer(text, add_special_tokens=False).input_ids  # the template writes <bos>
-    with template_errors():  # a tool schema the grammar cannot follow, or one past a cap, is a 400 too
-        thinking = template_kwargs(body.chat_template_kwargs, state.limits).get("enable_thinking") is True
-        limits = eng.settings.grammar_limits
-        grammar = forced(eng.tokenizer, body.tools, body.tool_choice, body.parallel_tool_calls, limits, names, thinking)
-    max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-    # The reply's parser needs the special tokens as boundaries; it drops them from what it passes on.
-    job = submit(
-        eng,
-        body,
-        list(prompt),
-        max_tokens,
-        "messages",
-        skip_special_tokens=False,
-        imposed=grammar,
-    )
-    parser = functools.partial(
-        ReplyParser, eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens, names=names
-    )
-    return respond(
-        job,
-        body,
-        ResponseSpec(
-            eng.model_name,
-            token_bytes(eng),
-            parser,
-            logprobs=body.logprobs,
-            named_tool=isinstance(body.tool_choice, ToolChoiceFunction),
-            prompt_logprobs=body.prompt_logprobs,
-        ),
-    )
+    return respond([run.job], body, [spec])
+
+
+@bp.post("/responses")
+def create_response():
+    """OpenAI's Responses API, stateless, served by the chat pipeline (runtime.api.responses)."""
+    body = parse(ResponsesRequest)
+    body.stateless()
+    eng = ready_engine()
+    run = start_chat(eng, ChatCompletionRequest.model_validate(responses.chat_request(body)))
+    meta = responses.Meta(body, eng.model_name)
+    if body.stream:
+        return event_stream(responses.stream(run.job, meta, run.parser()))
+    return jsonify(responses.whole(run.job, meta, run.parser(), abandoned=client_gone(request.environ)))
 
 
 @bp.post("/completions")
@@ -121,15 +104,14 @@ def completions():
     eng = ready_engine()
     check_model(eng, body.model)
     check_costs(body, server_state().limits)
-    if isinstance(body.prompt, str):
-        check_size(eng, [body.prompt], "prompt")
-        with server_state().tokenizer_lock:
-            prompt = eng.tokenizer(body.prompt).input_ids
-    else:
-        prompt = body.prompt
-        vocab = eng.geometry.vocab
-        if not all(0 <= t < vocab for t in prompt):
-            raise APIError(400, f"prompt: token ids must be in [0, {vocab})", param="prompt", code="invalid_value")
+    if body.suffix is not None:
+        raise APIError(
+            400,
+            "suffix: fill-in-the-middle needs FIM tokens, and Gemma-4's vocabulary has none; send the text "
+            "before the gap as the prompt, without suffix",
+            param="suffix",
+            code="unsupported_parameter",
+        )
     if body.max_tokens == 0 and body.prompt_alternatives() is None:
         raise APIError(
             400,
@@ -138,28 +120,56 @@ def completions():
             param="max_tokens",
             code="invalid_value",
         )
-    job = submit(
-        eng,
-        body,
-        list(prompt),
-        body.max_tokens,
-        "prompt",
-        COMPLETIONS_DEFAULT_MAX_TOKENS,
-        skip_special_tokens=body.skip_special_tokens,
+    batch = len(body.prompt) > 1
+    prompts = [prompt_ids(eng, p, f"prompt.{i}" if batch else "prompt") for i, p in enumerate(body.prompt)]
+    if len(body.prompt) > eng.settings.queue_max:
+        raise APIError(
+            400,
+            f"prompt: {len(body.prompt)} prompts are more than the request queue holds "
+            f"({eng.settings.queue_max}, GEMMA4_QUEUE_MAX); send them in smaller batches",
+            param="prompt",
+            code="invalid_value",
+        )
+    spec = ResponseSpec(
+        eng.model_name,
+        token_bytes(eng),
+        logprobs=body.logprobs is not None,
+        echo_logprobs=body.logprobs if body.echo else None,
+        prompt_logprobs=body.prompt_logprobs,
     )
-    echo = "" if not body.echo else body.prompt if isinstance(body.prompt, str) else eng.tokenizer.decode(prompt)
-    return respond(
-        job,
-        body,
-        ResponseSpec(
-            eng.model_name,
-            token_bytes(eng),
-            logprobs=body.logprobs is not None,
-            echo=echo,
-            echo_logprobs=body.logprobs if body.echo else None,
-            prompt_logprobs=body.prompt_logprobs,
-        ),
-    )
+    specs, jobs = [], []
+    try:  # prompt i's choices are jobs[i]'s; one that cannot start withdraws the ones before it
+        for text, ids in zip(body.prompt, prompts):
+            echo = "" if not body.echo else text if isinstance(text, str) else eng.tokenizer.decode(ids)
+            specs.append(dataclasses.replace(spec, echo=echo))
+            jobs.append(
+                submit(
+                    eng,
+                    body,
+                    ids,
+                    body.max_tokens,
+                    "prompt",
+                    COMPLETIONS_DEFAULT_MAX_TOKENS,
+                    skip_special_tokens=body.skip_special_tokens,
+                )
+            )
+    except APIError:
+        for job in jobs:
+            job.cancel()
+        raise
+    return respond(jobs, body, specs)
+
+
+def prompt_ids(eng: Engine, prompt: str | list[int], param: str) -> list[int]:
+    """One prompt of /v1/completions as token ids: a string tokenized, ids checked against the vocabulary."""
+    if isinstance(prompt, str):
+        check_size(eng, [prompt], param)
+        with server_state().tokenizer_lock:
+            return list(eng.tokenizer(prompt).input_ids)
+    vocab = eng.geometry.vocab
+    if not all(0 <= t < vocab for t in prompt):
+        raise APIError(400, f"{param}: token ids must be in [0, {vocab})", param=param, code="invalid_value")
+    return list(prompt)
 
 
 # -- vLLM's tokenizer routes ---------------------------------------------------------------------------

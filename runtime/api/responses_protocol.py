@@ -1,0 +1,182 @@
+"""Request bodies of OpenAI's Responses API (`POST /v1/responses`), as the `openai` client's
+`responses.create` / `responses.parse` and the agent frameworks send them (openai.types.responses).
+
+Input is a string (one user message) or a list of items: messages of any role, `function_call` items
+the model made and the `function_call_output` items answering them, and `reasoning` items carrying a
+thought back. The same field policy as the other endpoints: known fields strictly typed, unknown ones
+logged once and ignored. The server keeps no state, so `store: true`, `previous_response_id` and
+`background` are refused by name (see `stateless`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Discriminator, Field, Tag
+
+from runtime.api.errors import APIError
+from runtime.api.protocol import LenientModel
+
+
+class TextPart(LenientModel):
+    """A text part of a message's content. Images, files and audio are not supported (text only)."""
+
+    type: Literal["input_text", "output_text", "text", "refusal"]
+    text: str | None = None
+    refusal: str | None = None
+
+    def value(self) -> str:
+        return (self.refusal if self.type == "refusal" else self.text) or ""
+
+
+class MessageItem(LenientModel):
+    """A message: OpenAI's EasyInputMessage (no `type`, string content) or a typed one (a list of parts)."""
+
+    type: Literal["message"] = "message"
+    role: Literal["user", "system", "developer", "assistant"]
+    content: str | list[TextPart]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.value() for p in self.content)
+
+
+class FunctionCallItem(LenientModel):
+    type: Literal["function_call"]
+    call_id: str
+    name: str
+    arguments: str
+    id: str | None = None
+    status: str | None = None
+
+
+class FunctionCallOutputItem(LenientModel):
+    type: Literal["function_call_output"]
+    call_id: str
+    output: str | list[TextPart]
+    id: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        return self.output if isinstance(self.output, str) else "".join(p.value() for p in self.output)
+
+
+class ReasoningPart(LenientModel):
+    type: Literal["summary_text", "reasoning_text"]
+    text: str
+
+
+class ReasoningItem(LenientModel):
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[ReasoningPart] = Field(default_factory=list)
+    content: list[ReasoningPart] | None = None
+    encrypted_content: str | None = None
+    status: str | None = None
+
+    def text(self) -> str:
+        """The thought itself (`content`), else its summary."""
+        return "".join(p.text for p in self.content or self.summary)
+
+
+def _items(value: Any) -> Any:
+    """A string input is one user message."""
+    return [{"role": "user", "content": value}] if isinstance(value, str) else value
+
+
+def _item_kind(value: Any) -> str:
+    return value.get("type", "message") if isinstance(value, dict) else getattr(value, "type", "message")
+
+
+InputItem = Annotated[
+    Annotated[MessageItem, Tag("message")]
+    | Annotated[FunctionCallItem, Tag("function_call")]
+    | Annotated[FunctionCallOutputItem, Tag("function_call_output")]
+    | Annotated[ReasoningItem, Tag("reasoning")],
+    Discriminator(_item_kind),
+]
+
+
+class FunctionTool(LenientModel):
+    """A function tool, flat as the Responses API spells it (chat nests it under `function`)."""
+
+    type: Literal["function"]
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def chat(self) -> dict:
+        fn = {"name": self.name, "description": self.description, "parameters": self.parameters, "strict": self.strict}
+        return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
+
+
+class NamedFunction(LenientModel):
+    type: Literal["function"]
+    name: str
+
+
+class TextFormat(LenientModel):
+    """`text.format`: plain text, any JSON object, or JSON of a schema (what `responses.parse` sends)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: str | None = None
+    schema_: dict | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+
+class TextConfig(LenientModel):
+    format: TextFormat | None = None
+    verbosity: str | None = None
+
+
+class ReasoningConfig(LenientModel):
+    """`reasoning`: an effort other than "none" turns Gemma-4's thinking on (it has no levels of effort)."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: str | None = None
+    generate_summary: str | None = None
+
+    @property
+    def thinking(self) -> bool:
+        return self.effort not in (None, "none")
+
+
+class ResponsesRequest(LenientModel):
+    model: str
+    input: Annotated[list[InputItem], BeforeValidator(_items)]
+    instructions: str | None = None
+    tools: list[FunctionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextConfig | None = None
+    reasoning: ReasoningConfig | None = None
+    max_output_tokens: int | None = Field(default=None, ge=1)
+    temperature: float | None = Field(default=None, ge=0, le=2)
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    top_k: int | None = Field(default=None, ge=-1)  # vLLM's extension, as on the other endpoints
+    seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
+    stream: bool | None = None
+    store: bool | None = None
+    previous_response_id: str | None = None
+    background: bool | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    include: list[str] | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+
+    def stateless(self) -> None:
+        """This server keeps no responses: what needs one stored is refused, naming the field."""
+        for name, asked, why in (
+            ("previous_response_id", self.previous_response_id is not None, "send the whole conversation as input"),
+            ("store", self.store is True, "send store: false (or leave it out) and the whole conversation as input"),
+            ("background", self.background is True, "send background: false (or leave it out)"),
+        ):
+            if asked:
+                raise APIError(
+                    400,
+                    f"{name}: this server keeps no responses (stateless); {why}",
+                    param=name,
+                    code="unsupported_parameter",
+                )

@@ -172,17 +172,29 @@ def test_parse_gives_the_pydantic_model(oai, seed):
     assert isinstance(r.output_parsed, City), r.output_text
 
 
-def test_thinking_after_a_tool_result_is_a_reasoning_item(oai, client):
+def test_thinking_gives_a_reasoning_item_then_the_message(oai, client, engine):
+    """Thinking after a tool result, the random model made to think and answer by a grammar (vLLM's
+    structured_outputs): the thought is a reasoning item before the message, whole and streamed, and
+    goes back as input."""
     first = oai.responses.create(model=MODEL, input=ASK, tools=[WEATHER], tool_choice="required", max_output_tokens=48)
+    soc, eoc = engine.tokenizer.convert_tokens_to_ids(["<|channel>", "<channel|>"])
+    grammar = f'start: <[{soc}]> "thought\\n" /[a-z]{{3,12}}/ <[{eoc}]> /[a-z]{{1,6}}/'
     body = {"model": MODEL, "input": call_round_trip_input(first), "tools": [WEATHER], "reasoning": {"effort": "high"}}
-    r = oai.responses.create(**body, max_output_tokens=8, temperature=0)
-    thought = r.output[0]
-    assert thought.type == "reasoning" and thought.id.startswith("rs_") and thought.content[0].text
-    assert 1 <= r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
-    # the same request without thinking renders a shorter prompt (no thinking switch, no open thought)
+    kw = {"max_output_tokens": 40, "temperature": 0, "extra_body": {"structured_outputs": {"grammar": grammar}}}
+    r = oai.responses.create(**body, **kw)
+    thought, msg = r.output
+    assert thought.type == "reasoning" and thought.id.startswith("rs_") and thought.content[0].text.strip().isalpha()
+    assert msg.type == "message" and r.output_text.isalpha(), r.output
+    assert 1 <= r.usage.output_tokens_details.reasoning_tokens < r.usage.output_tokens
+    events = list(oai.responses.create(**body, **kw, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[2:4] == ["response.output_item.added", "response.content_part.added"]
+    assert events[2].item.type == "reasoning" and events[3].part.type == "reasoning_text"
+    streamed = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    assert streamed == thought.content[0].text and events[-1].response.output_text == r.output_text
+    # without thinking the prompt has no thinking switch
     plain = oai.responses.create(**body | {"reasoning": {"effort": "none"}}, max_output_tokens=1)
     assert plain.usage.input_tokens < r.usage.input_tokens
-    assert not any(o.type == "reasoning" for o in plain.output)
     # the reasoning item goes back as input
     again = body | {"input": body["input"] + [o.model_dump(exclude_none=True) for o in r.output]}
     assert oai.responses.create(**again, max_output_tokens=1).usage.input_tokens == chat_prompt_tokens(client, again)

@@ -100,6 +100,7 @@ def chat_request(body: ResponsesRequest) -> dict:
         "parallel_tool_calls": body.parallel_tool_calls,
         "user": body.user,
         "metadata": body.metadata,
+        "structured_outputs": body.structured_outputs,
     }
     if body.tools:
         out["tools"] = [t.chat() for t in body.tools]

@@ -156,6 +156,7 @@ class ResponsesRequest(LenientModel):
     temperature: float | None = Field(default=None, ge=0, le=2)
     top_p: float | None = Field(default=None, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=-1)  # vLLM's extension, as on the other endpoints
+    structured_outputs: dict[str, Any] | None = None  # vLLM's extension: checked as the chat endpoint checks it
     seed: int | None = Field(default=None, ge=-(2**63), lt=2**64)
     stream: bool | None = None
     store: bool | None = None

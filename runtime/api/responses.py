@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.api.bodies import failure
 from runtime.api.errors import APIError
 from runtime.api.reply_parser import Content, Piece, Reasoning, ReplyParser, ToolCall
 from runtime.api.responses_protocol import (
@@ -300,7 +301,7 @@ def whole(job: Job, meta: Meta, parser: ReplyParser, abandoned: Callable[[], boo
     for event in job.events(1, abandoned):
         if isinstance(event, Failed):
             job.cancel()
-            raise APIError(503, f"generation failed: {event.message}", code="engine_error")
+            raise failure(event)
         if not isinstance(event, Delta) and event.reason == "cancelled":
             raise APIError(499, "the client closed the connection before the answer was ready", code="client_closed")
         run.feed(event)
@@ -331,7 +332,8 @@ def stream(job: Job, meta: Meta, parser: ReplyParser) -> Iterator[str]:
         for event in job.events(1):
             if isinstance(event, Failed):
                 log.error("response %s failed: %s", meta.id, event.message)
-                error = {"code": "engine_error", "message": f"generation failed: {event.message}"}
+                err = failure(event)
+                error = {"code": err.code, "message": err.message}
                 failed = meta.response("failed", run.items.done, error=error)
                 yield from emit(
                     [{"type": "error", "param": None} | error, {"type": "response.failed", "response": failed}]

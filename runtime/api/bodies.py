@@ -180,12 +180,15 @@ class _Choice:
         return {"index": self.index} | body | {"logprobs": lp, "finish_reason": finish}
 
 
-def engine_failure(spec: ResponseSpec, event: Failed) -> APIError:
+def engine_failure(request_id: str, event: Failed) -> APIError:
     """A request the engine could not finish: a server log line with the reason, and the error for the
     client (a 503 to retry elsewhere when the engine stopped or failed under it; a 400 when its own
     input was at fault)."""
     log.log(
-        logging.ERROR if event.status >= 500 else logging.WARNING, "%s: generation failed: %s", spec.id, event.message
+        logging.ERROR if event.status >= 500 else logging.WARNING,
+        "%s: generation failed: %s",
+        request_id,
+        event.message,
     )
     code = "invalid_value" if event.status < 500 else "engine_error"
     return APIError(event.status, f"generation failed: {event.message}", code=code)
@@ -238,7 +241,7 @@ def _run_whole(job: Job, spec: ResponseSpec, runs: int, abandoned: Callable[[], 
     choices = [_Choice(spec, i, job.prompt) for i in range(runs)]
     for event in job.events(runs, abandoned):
         if isinstance(event, Failed):
-            raise engine_failure(spec, event)
+            raise engine_failure(spec.id, event)
         c = choices[event.index]
         c.take(event)
         if isinstance(event, Delta):
@@ -278,7 +281,7 @@ def stream(
                     yield chunk([c.chunk({"role": "assistant", "content": ""})])
             for event in job.events(n):
                 if isinstance(event, Failed):  # after the 200: OpenAI's error event, which its clients raise
-                    yield sse(engine_failure(spec, event).body())
+                    yield sse(engine_failure(spec.id, event).body())
                     return
                 c = choices[event.index]
                 c.take(event)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.api.bodies import failure
+from runtime.api.bodies import engine_failure
 from runtime.api.errors import APIError
 from runtime.api.reply_parser import Content, Piece, Reasoning, ReplyParser, ToolCall
 from runtime.api.responses_protocol import (
@@ -301,7 +301,7 @@ def whole(job: Job, meta: Meta, parser: ReplyParser, abandoned: Callable[[], boo
     for event in job.events(1, abandoned):
         if isinstance(event, Failed):
             job.cancel()
-            raise failure(event)
+            raise engine_failure(meta.id, event)
         if not isinstance(event, Delta) and event.reason == "cancelled":
             raise APIError(499, "the client closed the connection before the answer was ready", code="client_closed")
         run.feed(event)
@@ -331,8 +331,7 @@ def stream(job: Job, meta: Meta, parser: ReplyParser) -> Iterator[str]:
         )
         for event in job.events(1):
             if isinstance(event, Failed):
-                log.error("response %s failed: %s", meta.id, event.message)
-                err = failure(event)
+                err = engine_failure(meta.id, event)
                 error = {"code": err.code, "message": err.message}
                 failed = meta.response("failed", run.items.done, error=error)
                 yield from emit(

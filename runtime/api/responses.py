@@ -15,7 +15,6 @@ at `max_output_tokens` is `incomplete` (reason `max_output_tokens`), as OpenAI m
 from __future__ import annotations
 
 import json
-import logging
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -33,8 +32,6 @@ from runtime.api.responses_protocol import (
     ResponsesRequest,
 )
 from runtime.generate.sequence import Delta, Failed, Job
-
-log = logging.getLogger("gemma4.api")
 
 
 # -- request: Responses -> chat ------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""Loading a tokenizer and proving it works: the seed lost hours to a missing tokenizer.json that
-mapped every prompt to one id and looked exactly like a device bug."""
+"""Loading a tokenizer and proving it works: a missing tokenizer.json can leave a tokenizer that
+maps every prompt to one id and looked exactly like a device bug."""
 
 from __future__ import annotations
 

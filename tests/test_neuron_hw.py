@@ -104,7 +104,7 @@ def test_compile_for_neuron_then_verify_matches_the_float_reference(neuron_compi
 @pytest.mark.slow
 @pytest.mark.parametrize("name,variant,change", [CASES[0], CASES[4]])
 def test_graph_writes_land_in_the_kv_tensors_the_backend_holds(neuron_compiled, name, variant, change):
-    """The seed's leak: after a load, the state tensors read too early are orphaned CPU copies, so a
+    """A leak to guard against: after a load, the state tensors read too early are orphaned CPU copies, so a
     reset (or a host prefill) writes where no graph reads. Here the graphs' writes must be visible in
     the tensors the backend holds, and a reset must clear what the graphs read."""
     model = load_artifact(neuron_compiled(name, variant, change))

@@ -86,7 +86,7 @@ report({"tokens": tokens, "old_call": old, "inputs": len(inputs), "decode_inputs
 
 @pytest.mark.slow
 def test_tp2_device_prefill_answers_its_first_prompt(neuron_artifact):
-    """Finding 1: ModelBuilder traces its executor with the example of the key added last (decode);
+    """ModelBuilder traces its executor with the example of the key added last (decode);
     calling it with a prefill's inputs (more of them) failed every tp 2 device-prefill variant on its
     first prompt. The backend calls nxd_model.forward(list), which routes by the input shapes."""
     folder, _ = neuron_artifact("tp2-device-prefill")
@@ -168,7 +168,7 @@ def test_serve_answers_on_the_stand_in(neuron_artifact, tmp_path):
     assert reply.choices[0].text and reply.usage.completion_tokens == 4
 
 
-# -- findings 2, 3, 6, 7: the sources and the pins ------------------------------------------------
+# -- the sources and the pins ----------------------------------------------------------------------
 
 
 def _sources():
@@ -177,7 +177,7 @@ def _sources():
 
 
 def test_no_parallel_model_trace_and_no_torch_neuronx_trace():
-    """Finding 2: parallel_model_trace is unsupported from Neuron 2.27 and needs live process groups
+    """parallel_model_trace is unsupported from Neuron 2.27 and needs live process groups
     (it cannot compile in `docker build`); torch_neuronx.trace inlined a weight copy per graph."""
     uses = [
         f"{p.relative_to(ROOT)}: {call}"
@@ -203,7 +203,7 @@ SDK_2_28 = {
 
 @pytest.mark.parametrize("path", shipped_manifests(), ids=lambda p: p.stem)
 def test_manifests_pin_sdk_2_28_exactly_and_compile_as_nxd_inference_does(path):
-    """Findings 3 and 6: exact builds of the release the manifest names; --auto-cast=none (what NxD
+    """Exact builds of the release the manifest names; --auto-cast=none (what NxD
     Inference passes for bf16 weights; `all` downcast the float32 RMSNorm and softmax)."""
     tc = load_manifest(path).toolchain
     assert tc.neuron_sdk == "2.28" and {k: getattr(tc, k) for k in SDK_2_28} == SDK_2_28
@@ -220,12 +220,12 @@ def test_a_toolchain_with_a_release_prefix_is_refused(tmp_path):
 
 
 def test_the_compile_asks_model_builder_for_no_other_auto_cast(neuron_artifact):
-    """Finding 6: ModelBuilder warns ("--auto-cast=none not detected") on any other value."""
+    """ModelBuilder warns ("--auto-cast=none not detected") on any other value."""
     _, stderr = neuron_artifact("tp1")
     assert "auto-cast=none`` not detected" not in stderr
 
 
-# -- finding 4: core placement --------------------------------------------------------------------
+# -- core placement ---------------------------------------------------------------------------------
 
 PLACED = r"""
 from runtime.model.loader import load_artifact
@@ -236,13 +236,13 @@ report({"backend": list(model.runner.backend.cores), "model": list(model.runner.
 
 @pytest.mark.slow
 def test_a_server_given_core_1_runs_on_core_1(neuron_artifact):
-    """Finding 4: placement comes from NEURON_RT_VISIBLE_CORES (the device plugin's), not a hard-coded 0."""
+    """Placement comes from NEURON_RT_VISIBLE_CORES (the device plugin's), not a hard-coded 0."""
     folder, _ = neuron_artifact("tp1")
     assert run_python(PLACED, folder, NEURON_RT_VISIBLE_CORES="1") == {"backend": [1], "model": [1]}
 
 
 def test_hardware_tests_compile_each_variant_in_its_own_process():
-    """Finding 7: ModelBuilder asks for a process per trace (it releases the runtime only at exit)."""
+    """ModelBuilder asks for a process per trace (it releases the runtime only at exit)."""
     text = (ROOT / "tests/test_neuron_hw.py").read_text()
     assert "compile_artifact(" not in text and '"compile"' in text
 

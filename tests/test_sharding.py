@@ -95,7 +95,7 @@ def test_undividable_kv_heads_are_replicated_with_groups_from_the_original_count
         assert layers
         for s in layers:
             assert (s.kv_rule, s.kv_heads_total, s.kv_heads, s.kv_start) == (REPLICATED, 1, 1, 0)
-            # (original q heads / tp) / nkv; the seed read the already-halved q_proj width and got half this
+            # (original q heads / tp) / nkv; reading the already-halved q_proj width gives half this
             assert s.groups == per_rank_groups == (config.num_attention_heads // 2) // s.kv_heads_total
     if name == "gemma-4-12b":
         assert all(s.k_eq_v for s in shard_model(config, 2, 1).layers if s.kind == "full")
@@ -112,7 +112,7 @@ def test_every_query_head_reads_the_kv_head_it_reads_at_tp1(config, tp):
 
 
 def test_the_mapping_check_catches_the_seeds_halved_width_bug():
-    """The seed computed groups from q_proj.out_features // head_dim *after* sharding q_proj."""
+    """A known bug: groups computed from q_proj.out_features // head_dim *after* sharding q_proj."""
     config = real("gemma-4-12b")
     decoder = meta_decoder(config, 2, 1)
     s = next(layer.shard for layer in decoder.layers if layer.shard.kind == "full")

@@ -117,7 +117,7 @@ def test_any_random_config_works(tmp_path):
 
 
 def test_layer_scalar_left_at_one_fails_verify(tmp_path, monkeypatch):
-    """The seed's costliest bug: a loader that copies parameters only leaves the buffer at 1.0."""
+    """A costly bug: a loader that copies parameters only leaves the buffer at 1.0."""
     original = Gemma4Decoder.load_weights
 
     def params_only(self, reader):
@@ -174,7 +174,7 @@ def test_a_truncated_tokenizer_json_is_a_clear_error(artifact_copy):
 
 
 def test_a_tokenizer_that_collapses_hello_world_is_refused(artifact_copy):
-    """The seed's impostor: a tokenizer with no vocabulary maps every prompt to <unk>."""
+    """An impostor: a tokenizer with no vocabulary maps every prompt to <unk>."""
     from tokenizers import Tokenizer, models
 
     empty = Tokenizer(models.WordLevel(vocab={"<unk>": 0}, unk_token="<unk>"))

@@ -41,7 +41,7 @@ def compiled_with(monkeypatch, tmp_path, name: str, variant: str, target, attr: 
 
 
 def test_global_rotary_raised_3_percent_fails_though_every_token_matches(compiled, tmp_path):
-    """The issue's case: float32 tiny-e2b, geometry.rope.full.inv_freq raised by 3%."""
+    """The case to catch: float32 tiny-e2b, geometry.rope.full.inv_freq raised by 3%."""
     code, report = verify_json(with_rope_scaled(compiled("tiny-e2b", "fp32"), tmp_path / "rope", 1.03), tmp_path)
     assert code == 1 and not report["passed"]
     bent = [row for row in passed_before(report) if row["verdict"] == "LOGITS"]

@@ -36,7 +36,7 @@ def test_version_check_compares_recorded_and_installed():
 
 
 def test_a_pin_admits_one_build_only():
-    """Finding 3: "2.8.0" admitted the 2.26, 2.27 and 2.28 builds of torch-neuronx."""
+    """A release prefix: "2.8.0" admitted the 2.26, 2.27 and 2.28 builds of torch-neuronx."""
     assert matches_pin("2.8.0.2.12.22436", "2.8.0.2.12.22436")
     assert matches_pin("2.23.6484.0", "2.23.6484.0+3b612583")  # the wheel's local label
     assert matches_pin("2.30.51.0", "2.30.51.0-0d3ac3dfc")  # the Debian revision

@@ -13,7 +13,7 @@ from rich.table import Table
 MEMORY_SLACK_MB = 500  # the interpreter, torch, tokenizer, flask and gunicorn on top of tables + graphs
 # Decode speed against transformers' generate on the same CPU: per-step overhead dominates a tiny model.
 SPEEDUP_GOAL = {"tiny": 2.0, "small": 1.0}
-# The issue's two cases: greedy, and top-p sampling as temperature + top-p + top-k with the softcap.
+# The two cases measured: greedy, and top-p sampling as temperature + top-p + top-k with the softcap.
 # top-p without top-k is measured and shown, not targeted: an exact nucleus needs two transcendental
 # passes over the whole vocabulary (~0.6-0.9 ms on the bench CPU), whatever the code around them.
 HOST_P50_GOAL_US = {"greedy": 200.0, "top_k_top_p": 1000.0}

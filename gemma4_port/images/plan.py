@@ -4,7 +4,7 @@ Pure: no docker, no files, no clock. Everything that varies between runs (versio
 the base's digest) comes in through `ImageOptions`, so the same inputs always render the same
 Dockerfiles and the golden tests can hold them still.
 
-Layering, the reason for all of this: the seed's images were 70+ GB and a server change re-uploaded
+Layering, the reason for all of this: an unlayered image of this kind runs to 70+ GB and a server change re-uploads
 gigabytes. Here the base holds everything heavy (OS, Python packages, compiled artifacts, and the
 build tools that made them); `slim` / `tp2-slim` add only the server code and its configuration, so
 a server change rebuilds and pushes one thin layer.
@@ -36,7 +36,7 @@ APP_DIR = "/opt/gemma4"  # base: build tools, manifest, artifacts
 SERVER_DIR = "/app"  # slim: the server package
 SERVER_PORT = 8080
 SERVER_UID = 10001  # numeric, so Kubernetes' runAsNonRoot can check it without /etc/passwd
-# The first graph load: ~100 s for E2B on a NeuronCore in the seed, longer for 12B; seconds on the CPU.
+# The first graph load: ~100 s for E2B on a NeuronCore as measured, longer for 12B; seconds on the CPU.
 START_PERIOD = {"neuron": "10m", "cpu": "2m"}
 
 NEURON_APT_REPO = "https://apt.repos.neuron.amazonaws.com"

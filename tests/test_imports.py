@@ -29,6 +29,8 @@ RUNTIME_FOR_BENCH = {
         "runtime.generate.logprobs",
         "runtime.generate.sampling",
     },
+    # `serve` is one of the command line's commands: it hands the artifact to the server's entry
+    "gemma4_port.cli": {"runtime.serve"},
 }
 
 

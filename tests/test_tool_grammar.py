@@ -184,6 +184,15 @@ SCHEMAS = {
         },
         "required": ["s", "l"],
     },
+    "numeric ranges": {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer", "minimum": -5, "maximum": 1000000},
+            "x": {"type": "number", "exclusiveMinimum": 0, "maximum": 2.5},
+            "m": {"type": ["integer", "null"], "minimum": 10},
+        },
+        "required": ["n", "x", "m"],
+    },
     "tuples (prefixItems)": {
         "type": "object",
         "properties": {"t": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "boolean"}]}},

@@ -36,6 +36,7 @@ TEXT = r"[^\x01\x02]"
 # Bounds up to these are enforced, larger ones left open: a string length is a counted regex (cheap at any
 # count), an item count a counted rule repetition.
 MAX_LENGTH, MAX_ITEMS = 65536, 256
+RANGE_WORDS = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}
 TYPES = ("string", "integer", "number", "boolean", "null", "array", "object")
 ANNOTATIONS = ("title", "description", "default", "examples", "$comment", "deprecated", "readOnly", "writeOnly")
 
@@ -138,6 +139,10 @@ class _Rules:
                 top = bound(schema.get("maxLength"), None, MAX_LENGTH)
                 text = f"/{TEXT}{{{low},{'' if top is None else top}}}/"
                 return f"<[{self.quote}]> {text} <[{self.quote}]>"
+            case "integer" | "number" if RANGE_WORDS & schema.keys():
+                # a bounded number: llguidance's own JSON-schema numbers compile the range into the lexer (a
+                # number is written the same in Gemma's call syntax as in JSON)
+                return "%json " + json.dumps({k: schema[k] for k in ("type", *RANGE_WORDS) if k in schema})
             case "integer":
                 return INT
             case "number":

@@ -74,7 +74,9 @@ MANIFEST_HELP = "a manifest YAML file, or a shipped manifest's name (tiny-e2b, g
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    # `python -m gemma4_port` would otherwise call itself __main__.py in its usage line
+    prog = "python -m gemma4_port" if sys.argv[0].endswith("__main__.py") else None
+    p = argparse.ArgumentParser(prog=prog, description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("compile", help="trace, lint and package the device graphs of one manifest variant")

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite, from a fresh machine: Debian packages for the image tests, the venv, pytest.
+# The whole test suite, from a fresh machine: Debian packages for the image tests, the venv, the lint
+# lane (ruff, mypy), pytest.
 # Extra arguments go to pytest (e.g. `-m "not docker"`, `-k verify`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -15,4 +16,5 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 bash scripts/setup.sh
+bash scripts/lint.sh  # the fast lane (seconds) fails the run before the long suite starts
 exec .venv/bin/python -m pytest -m "not neuron" --durations=15 "$@"

@@ -215,8 +215,8 @@ def test_how_a_prompt_is_chunked_does_not_change_the_result():
     prefill = PrefillGraph(decoder)
     ids = _prompt(40, seed=2)
     results = []
-    for chunks, buckets in (([32, 8], [32, 16]), ([1] * 40, [16] * 40), ([16, 16, 8], [16, 16, 16])):
-        seen, kv = _prefill(prefill, host, ids, chunks, buckets, 0, [torch.zeros(s) for s in geo.kv_shapes])
+    for sizes, buckets in (([32, 8], [32, 16]), ([1] * 40, [16] * 40), ([16, 16, 8], [16, 16, 16])):
+        seen, kv = _prefill(prefill, host, ids, sizes, buckets, 0, [torch.zeros(s) for s in geo.kv_shapes])
         results.append((seen[-1][1], kv))
     for logits, kv in results[1:]:
         torch.testing.assert_close(logits, results[0][0], rtol=1e-4, atol=1e-4)

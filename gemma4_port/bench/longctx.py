@@ -109,7 +109,7 @@ def _streams_beside_long_prompts(
         def run():
             try:
                 fn()
-            except Exception as exc:  # re-raised in the driver: a benchmark never hides a failure
+            except Exception as exc:  # noqa: BLE001 - re-raised in the driver: a benchmark never hides a failure
                 errors.append(exc)
                 done.set()
 

@@ -44,7 +44,6 @@ NEURON_APT_REPO = "https://apt.repos.neuron.amazonaws.com"
 # move within them).
 OS_APT_PINS = {"ca-certificates": "2024*", PYTHON["neuron"]: "3.11.*", f"{PYTHON['neuron']}-venv": "3.11.*"}
 
-NEURON_PIP_INDEX = "https://pip.repos.neuron.amazonaws.com"
 
 # What each image carries, by package (repo-relative paths): the base runs `build.py compile` and
 # `verify`, which load an artifact through runtime.model as the server does; the slim adds the

@@ -62,7 +62,7 @@ def resolve_checkpoint(manifest: Manifest, progress=None) -> Path:
                 allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"],
             )
         )
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - the hub raises HTTP, OS and value errors alike: one line for all
         raise CheckpointError(
             f"cannot download {src.source}@{src.revision or 'main'}: {exc} "
             "(gated models need `huggingface-cli login` or HF_TOKEN)"

@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from contract.artifact import ArtifactMeta
+from contract.graph_key import GraphKey
 from runtime.model.cpu import CpuBackend
 from runtime.model.ranks import CALL_TIMEOUT_S, RankGroup
 
@@ -25,8 +26,8 @@ class _Rank(CpuBackend):
         super().__init__(folder, meta, prefix=f"rank{rank}/")
         self.rank = rank
 
-    def _run(self, name: str, inputs):
-        logits = super()._run(name, inputs)
+    def _run(self, graph: GraphKey, inputs):
+        logits = super()._run(graph, inputs)
         return logits if self.rank == 0 else None
 
 

@@ -20,10 +20,8 @@ from runtime.api.chat import (
     template_messages,
     tool_names,
 )
-from runtime.http.app import create_app
-from runtime.settings import RequestLimits, ServerSettings
-from support.engines import ready
-from support.http import openai_client
+from runtime.settings import RequestLimits
+from support.chat_server import client, engine, oai  # noqa: F401 (module-scoped fixtures)
 
 CHAT = "/v1/chat/completions"
 MODEL = "tiny-e2b"
@@ -59,22 +57,6 @@ RESULT = {"role": "tool", "tool_call_id": "call_1", "content": "sunny, 21 C"}
 BAD_ARGUMENTS = CALLED | {
     "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{city"}}]
 }
-
-
-@pytest.fixture(scope="module")
-def engine(compiled):
-    with ready(ServerSettings(artifact=compiled("tiny-e2b", "chat"))) as eng:
-        yield eng
-
-
-@pytest.fixture(scope="module")
-def client(engine):
-    return create_app(engine.settings, engine).test_client()
-
-
-@pytest.fixture(scope="module")
-def oai(engine):
-    return openai_client(engine)
 
 
 def sse(resp) -> list[dict]:

@@ -14,10 +14,8 @@ from pydantic import BaseModel, Field
 
 from runtime.api.responses import chat_request
 from runtime.api.responses_protocol import ResponsesRequest
-from runtime.http.app import create_app
-from runtime.settings import ServerSettings
-from support.engines import ready
-from support.http import assert_error, openai_client
+from support.chat_server import client, engine, oai  # noqa: F401 (module-scoped fixtures)
+from support.http import assert_error
 
 MODEL = "tiny-e2b"
 PARAMS = {
@@ -33,22 +31,6 @@ SEEDS = (1, 2, 3, 4)
 class City(BaseModel):
     name: str = Field(max_length=10)
     population: int = Field(ge=0, le=10**6)
-
-
-@pytest.fixture(scope="module")
-def engine(compiled):
-    with ready(ServerSettings(artifact=compiled("tiny-e2b", "chat"))) as eng:
-        yield eng
-
-
-@pytest.fixture(scope="module")
-def client(engine):
-    return create_app(engine.settings, engine).test_client()
-
-
-@pytest.fixture(scope="module")
-def oai(engine):
-    return openai_client(engine)
 
 
 def chat_prompt_tokens(client, body: dict) -> int:

@@ -465,7 +465,7 @@ def test_n_choices_on_one_slot_run_one_after_another_from_the_retained_prompt(co
 
 
 def test_a_grammar_dead_end_finishes_the_choice_cleanly_and_says_why_in_the_log(b4, monkeypatch, caplog):
-    """A grammar that allows no next token (or refuses the one chosen) ends that choice with "stop" and a
+    """A grammar that allows no next token ends that choice with "stop" and a
     log line naming the reason; the request is not failed and the engine serves on."""
     import numpy as np
 

@@ -105,8 +105,9 @@ class GrammarError(Gemma4Error, ValueError):
 
 
 class GrammarDeadEnd(GrammarError):
-    """A generation's grammar can go no further: its matcher allows no next token, refuses the one
-    chosen, or fails. The generation ends there (not the server's nor the client's fault)."""
+    """A generation's grammar can go no further: its matcher allows no next token. The generation ends
+    there (not the server's nor the client's fault). A matcher that fails (one of llguidance's limits met
+    as it computes a mask or takes a token) is a plain GrammarError: the request's own, a 400."""
 
 
 @dataclass(frozen=True)
@@ -221,8 +222,8 @@ class GrammarMatcher:
     def _compute(self) -> np.ndarray:
         """The next token's bitmask, 32 ids per int32 word, bit i of word w = id 32w + i."""
         self._m.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
-        if self._m.is_error():
-            raise GrammarDeadEnd(self._m.get_error())
+        if self._m.is_error():  # a limit of llguidance's met at this step: the grammar's fault, not an end
+            raise GrammarError(self._m.get_error())
         return self._bits
 
     def allowed(self) -> np.ndarray:
@@ -236,8 +237,10 @@ class GrammarMatcher:
         return x
 
     def accept(self, token: int) -> None:
+        # The token came from the masked row, so a refusal is the matcher failing (one of llguidance's
+        # limits met as it lexes, e.g. `a{1000}{1000}`): the grammar's fault, not an end.
         if not self._m.consume_token(token):
-            raise GrammarDeadEnd(f"token {token} is not allowed here: {self._m.get_error()}")
+            raise GrammarError(f"token {token} is not allowed here: {self._m.get_error()}")
 
     @property
     def finished(self) -> bool:

@@ -75,7 +75,7 @@ class TokenChooser:
         self, logits: torch.Tensor, params: SamplingParams, cap: float | None, generator: torch.Generator
     ) -> tuple[int, TokenLogprob | None]:
         """The next token from a raw logits row (V,), and its logprobs if the request asked for them.
-        A GrammarDeadEnd when the grammar allows no token here, or refuses the one chosen."""
+        A GrammarDeadEnd when the grammar allows no token here; a GrammarError when its matcher fails."""
         x = self.allowed_row(logits, cap, params.greedy)
         token = sample(logits, params, cap, generator) if x is None else sample(x, params, None, generator)
         self.generated += 1

@@ -25,6 +25,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from runtime.generate.grammar import GrammarError
 from runtime.generate.output import OutputProcessor
 from runtime.generate.sequence import Failed, Finished, Job, Running
 from runtime.metrics import Metrics
@@ -139,12 +140,19 @@ class Scheduler:
         """Run one request's own work: if it fails, that request fails (its slot freed), not the engine."""
         try:
             yield
+        except GrammarError as exc:  # its grammar met a limit at this step: the client's input, a 400
+            log.warning("a request's grammar failed while generating (%s); it alone ends", exc)
+            self._free_slots_of(job)
+            job.put(Failed(f"the request's grammar failed while generating: {exc}", job.index, 400))
         except Exception:
             log.exception("a request failed in the engine; it alone ends, the engine goes on")
-            for slot in self.runner.slots:
-                if not slot.free and slot.request.job is job:
-                    self.runner.free(slot.index)
+            self._free_slots_of(job)
             job.put(Failed("internal error while generating (the server log has the details)", job.index, 500))
+
+    def _free_slots_of(self, job: Job) -> None:
+        for slot in self.runner.slots:
+            if not slot.free and slot.request.job is job:
+                self.runner.free(slot.index)
 
     def _next_choice(self) -> tuple[Job, Prefill | Fork] | None:
         """The first waiting choice that can start now, taken out of the line, and how it starts. A

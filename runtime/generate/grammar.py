@@ -242,6 +242,11 @@ class GrammarMatcher:
         if not self._m.consume_token(token):
             raise GrammarError(f"token {token} is not allowed here: {self._m.get_error()}")
 
+    def rollback(self, n: int) -> None:
+        """Take back the last `n` tokens accepted (drafted ones a speculative step did not keep)."""
+        if n and not self._m.rollback(n):
+            raise GrammarError(f"the grammar could not take back {n} token(s): {self._m.get_error()}")
+
     @property
     def finished(self) -> bool:
         """The grammar is complete and admits nothing more (only an end-of-generation id is allowed)."""

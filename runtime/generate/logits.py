@@ -16,6 +16,8 @@ The logprobs a client asks for are the model's own (runtime.generate.logprobs), 
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -70,23 +72,55 @@ class TokenChooser:
         bias = dict(controls.logit_bias)
         self.bias_ids = np.fromiter(bias, dtype=np.int64, count=len(bias))
         self.bias = np.fromiter(bias.values(), dtype=np.float32, count=len(bias))
+        self._trial: list[tuple[int, bool, bool]] | None = None  # (token, new to `seen`, the matcher took it)
 
     def choose(
         self, logits: torch.Tensor, params: SamplingParams, cap: float | None, generator: torch.Generator
     ) -> tuple[int, TokenLogprob | None]:
         """The next token from a raw logits row (V,), and its logprobs if the request asked for them.
         A GrammarDeadEnd when the grammar allows no token here; a GrammarError when its matcher fails."""
-        x = self.allowed_row(logits, cap, params.greedy)
-        token = sample(logits, params, cap, generator) if x is None else sample(x, params, None, generator)
+        token = pick(logits, self.allowed_row(logits, cap, params.greedy), params, cap, generator)
+        lp = self.logprob(logits, token, cap)
+        self.commit(token)
+        return token, lp
+
+    def logprob(self, logits: torch.Tensor, token: int, cap: float | None) -> TokenLogprob | None:
+        """The token's logprobs under the model's own row, if the request asked for them."""
+        c = self.controls
+        return None if c.logprobs is None else logprobs(logits, token, c.logprobs, cap)
+
+    def commit(self, token: int) -> None:
+        """`token` is the generation's next: the penalties count it, the grammar takes it."""
         self.generated += 1
         self.counts[token] = self.counts.get(token, 0) + 1
+        added = False
         if self.seen is not None and not np.isin(token, self.seen):
-            self.seen = np.union1d(self.seen, [token])
-        if self.matcher is not None and not self.matcher.finished:  # past its end only EOS comes (ignore_eos)
-            self.matcher.accept(token)
-        c = self.controls
-        lp = None if c.logprobs is None else logprobs(logits, token, c.logprobs, cap)
-        return token, lp
+            self.seen, added = np.union1d(self.seen, [token]), True
+        matcher = self.matcher if self.matcher is not None and not self.matcher.finished else None
+        if self._trial is not None:  # past its end the matcher takes nothing more (only EOS comes)
+            self._trial.append((token, added, matcher is not None))
+        if matcher is not None:
+            matcher.accept(token)
+
+    @contextlib.contextmanager
+    def trial(self) -> Iterator[None]:
+        """Tokens committed inside are taken back on the way out (a draft: the penalties, min_tokens and
+        the grammar at each drafted position as if the tokens before it had been generated)."""
+        assert self._trial is None, "trials do not nest"
+        self._trial = []
+        try:
+            yield
+        finally:
+            undo, self._trial = self._trial, None
+            for token, added, _ in reversed(undo):
+                self.generated -= 1
+                self.counts[token] -= 1
+                if not self.counts[token]:
+                    del self.counts[token]
+                if added and self.seen is not None:
+                    self.seen = self.seen[self.seen != token]
+            if self.matcher is not None:
+                self.matcher.rollback(sum(consumed for *_, consumed in undo))
 
     def allowed_row(self, logits: torch.Tensor, cap: float | None, greedy: bool = False) -> np.ndarray | None:
         """The capped row after penalties, bias, bans and the grammar mask (forbidden ids -inf), or None
@@ -119,3 +153,9 @@ class TokenChooser:
     def ends_generation(self, token: int) -> bool:
         """An end-of-generation id (unless ignore_eos) or one of the request's stop_token_ids."""
         return token in self.ends
+
+
+def pick(logits: torch.Tensor, allowed: np.ndarray | None, params: SamplingParams, cap: float | None, generator) -> int:
+    """The token one step draws: from the raw row when the request edits nothing (`allowed` None), else
+    from TokenChooser.allowed_row's row, already capped."""
+    return sample(logits, params, cap, generator) if allowed is None else sample(allowed, params, None, generator)

@@ -147,3 +147,20 @@ def sample(
     weights, ids = distribution(x, params, cap)
     i = draw(weights, generator)
     return i if ids is None else int(ids[i])
+
+
+def probabilities(row: torch.Tensor | np.ndarray, params: SamplingParams, cap: float | None) -> np.ndarray:
+    """The distribution `sample` draws from, as a dense float64 row (V,) that sums to 1: a point mass
+    at the argmax when greedy. What a speculative step compares a drafted token against."""
+    v = row.shape[0]
+    out = np.zeros(v, dtype=np.float64)
+    if params.greedy:
+        out[sample(row, params, cap, torch.Generator())] = 1.0  # greedy draws nothing from the generator
+        return out
+    weights, ids = distribution(row if isinstance(row, np.ndarray) else row.float().numpy(), params, cap)
+    if ids is None:
+        out[:] = weights
+    else:
+        out[ids] = weights
+    out /= out.sum()
+    return out

@@ -15,6 +15,7 @@ import pytest
 from gemma4_port.source.toy_tokenizer import EOS_ID, SPECIAL_TOKENS, TURN_END, train_tokenizer
 from runtime.generate.grammar import Grammar, GrammarCompiler, GrammarError
 from runtime.generate.grammar_checks import GrammarLimitError
+from runtime.generate.logits import Controls, TokenChooser
 from runtime.settings import GrammarLimits
 
 VOCAB = 1024
@@ -121,6 +122,21 @@ def test_eos_is_allowed_only_where_the_grammar_may_stop(grammars, tokenizer):
         matcher.accept(token)
     allowed = matcher.allowed()
     assert matcher.finished and set(np.flatnonzero(allowed)) == set(EOS)
+
+
+def test_rollback_takes_back_drafted_tokens_and_a_chooser_trial_uses_it(grammars, tokenizer):
+    """A speculative step drafts under the grammar and takes the drafts back (runtime.generate.logits)."""
+    matcher = grammars.matcher(Grammar.choice(["yes", "no"]))
+    start = matcher.allowed().copy()
+    chooser = TokenChooser(Controls(), [], EOS, matcher)
+    with chooser.trial():
+        for token in tokenizer("yes", add_special_tokens=False).input_ids:
+            chooser.commit(token)
+        assert matcher.finished and set(np.flatnonzero(matcher.allowed())) == set(EOS)
+    assert not matcher.finished and np.array_equal(matcher.allowed(), start)
+    for token in tokenizer("no", add_special_tokens=False).input_ids:
+        chooser.commit(token)
+    assert matcher.finished
 
 
 def test_lark_reaches_special_tokens_and_forks(grammars, tokenizer):

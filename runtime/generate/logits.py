@@ -106,21 +106,28 @@ class TokenChooser:
     def trial(self) -> Iterator[None]:
         """Tokens committed inside are taken back on the way out (a draft: the penalties, min_tokens and
         the grammar at each drafted position as if the tokens before it had been generated)."""
-        assert self._trial is None, "trials do not nest"
-        self._trial = []
+        self.begin_trial()
         try:
             yield
         finally:
-            undo, self._trial = self._trial, None
-            for token, added, _ in reversed(undo):
-                self.generated -= 1
-                self.counts[token] -= 1
-                if not self.counts[token]:
-                    del self.counts[token]
-                if added and self.seen is not None:
-                    self.seen = self.seen[self.seen != token]
-            if self.matcher is not None:
-                self.matcher.rollback(sum(consumed for *_, consumed in undo))
+            self.end_trial()
+
+    def begin_trial(self) -> None:
+        assert self._trial is None, "trials do not nest"
+        self._trial = []
+
+    def end_trial(self) -> None:
+        """Take back what was committed since begin_trial (a GrammarError if the matcher cannot)."""
+        undo, self._trial = self._trial or [], None
+        for token, added, _ in reversed(undo):
+            self.generated -= 1
+            self.counts[token] -= 1
+            if not self.counts[token]:
+                del self.counts[token]
+            if added and self.seen is not None:
+                self.seen = self.seen[self.seen != token]
+        if self.matcher is not None:
+            self.matcher.rollback(sum(consumed for *_, consumed in undo))
 
     def allowed_row(self, logits: torch.Tensor, cap: float | None, greedy: bool = False) -> np.ndarray | None:
         """The capped row after penalties, bias, bans and the grammar mask (forbidden ids -inf), or None

@@ -102,6 +102,37 @@ class RequestLimits(_Limits):
     max_ignored_fields: int = Field(default=256, ge=0)  # unknown field names remembered (each logged once)
 
 
+class MediaLimits(_Limits):
+    """What the images and audio clips of one request may be, and where the server may fetch an image
+    from (`image_url` with an http(s) URL): only from the hosts listed, never from a private, loopback
+    or link-local address unless the operator allows that too, with no redirects, within a byte and a
+    time limit. Each refusal names the limit, its variable and the request's value."""
+
+    max_images: int = Field(default=8, ge=0, le=256)  # image parts per request (0: images refused)
+    max_audios: int = Field(default=2, ge=0, le=64)  # audio parts per request (0: audio refused)
+    max_image_bytes: int = Field(default=10 << 20, ge=1024)  # one image's encoded bytes, fetched or inline
+    max_audio_bytes: int = Field(default=10 << 20, ge=1024)  # one clip's encoded bytes
+    # Decoded pixels of one image (width x height), read from its header before it is decoded; also
+    # PIL's own MAX_IMAGE_PIXELS, so a decompression bomb PIL finds is refused by the same number.
+    max_image_pixels: int = Field(default=25_000_000, ge=1024, le=1 << 31)
+    # One clip's duration: Gemma-4's feature extractor takes 30 s at most (it would cut the rest off).
+    max_audio_seconds: float = Field(default=30.0, gt=0, le=30)
+    image_formats: Annotated[tuple[str, ...], BeforeValidator(_comma_list)] = ("PNG", "JPEG", "WEBP", "GIF")
+    # Hosts an image URL may name (exact names, comma-separated; vLLM's --allowed-media-domains); none:
+    # the server fetches nothing and takes images only as data: URLs.
+    allowed_domains: Annotated[tuple[str, ...], BeforeValidator(_comma_list)] = ()
+    fetch_private_addresses: bool = False  # let a fetch reach private, loopback and link-local addresses
+    fetch_timeout_s: float = Field(default=10.0, gt=0, le=300)  # one fetch, connecting to the last byte
+    # Media parts are fetched, decoded and preprocessed on a few threads of their own (PIL and the
+    # processors hold the interpreter for part of it), each part within prepare_timeout_s.
+    prepare_threads: int = Field(default=2, ge=1, le=16)
+    prepare_timeout_s: float = Field(default=30.0, gt=0, le=600)
+
+    def refusal(self, field: str, what: str) -> str:
+        """`what`, then the limit that refused it and its variable."""
+        return f"{what}; the limit is {getattr(self, field)} ({env_names()['media.' + field]})"
+
+
 class ServerSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -117,6 +148,7 @@ class ServerSettings(BaseModel):
     port: int = Field(default=8080, ge=1, le=65535)
     grammar_limits: GrammarLimits = GrammarLimits()
     requests: RequestLimits = RequestLimits()
+    media: MediaLimits = MediaLimits()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> ServerSettings:
@@ -149,6 +181,7 @@ def env_names() -> dict[str, str]:
     groups: tuple[tuple[str, type[BaseModel], str], ...] = (
         ("grammar_limits", GrammarLimits, "GEMMA4_GRAMMAR_"),
         ("requests", RequestLimits, "GEMMA4_"),
+        ("media", MediaLimits, "GEMMA4_MEDIA_"),
     )
     for group, model, prefix in groups:
         for field in model.model_fields:

@@ -32,3 +32,17 @@ def test_a_bad_setting_is_one_error_naming_the_variable(tmp_path, var, value):
     with pytest.raises(SettingsError, match=f"^{var}") as info:
         ServerSettings.from_env(env)
     assert "\n" not in str(info.value)
+
+
+def test_media_limits_from_the_environment(tmp_path):
+    env = {
+        "GEMMA4_ARTIFACT": str(tmp_path),
+        "GEMMA4_MEDIA_ALLOWED_DOMAINS": "images.example.com, cdn.example.org",
+        "GEMMA4_MEDIA_MAX_IMAGES": "3",
+        "GEMMA4_MEDIA_FETCH_PRIVATE_ADDRESSES": "true",
+    }
+    media = ServerSettings.from_env(env).media
+    assert media.allowed_domains == ("images.example.com", "cdn.example.org")
+    assert (media.max_images, media.fetch_private_addresses, media.max_audio_seconds) == (3, True, 30.0)
+    with pytest.raises(SettingsError, match="^GEMMA4_MEDIA_MAX_AUDIO_SECONDS='60'"):  # the feature extractor's 30 s
+        ServerSettings.from_env(env | {"GEMMA4_MEDIA_MAX_AUDIO_SECONDS": "60"})

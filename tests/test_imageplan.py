@@ -25,7 +25,14 @@ from support import MANIFESTS, ROOT
 GOLDEN = Path(__file__).parent / "golden" / "images"
 # Everything that varies between runs is pinned here, so the Dockerfiles are byte-for-byte stable.
 FIXED = dict(
-    requirements=("flask==3.1.3", "gunicorn==27.0.1", "pydantic==2.14.4"),
+    requirements=(
+        "flask==3.1.3",
+        "gunicorn==27.0.1",
+        "pydantic==2.14.4",
+        "pillow==13.0.0",
+        "soundfile==0.14.0",
+        "soxr==1.1.0",
+    ),
     cpu_torch="2.13.0+cpu",
     source="https://example.invalid/gemma4-inf2",
     version="0.1.0",
@@ -71,6 +78,14 @@ def test_dockerfiles_match_golden(case):
     assert sorted(files) == expected
     for name, text in files.items():
         assert text == (GOLDEN / name).read_text(), f"{name} changed; GEMMA4_UPDATE_GOLDEN=1 to accept"
+
+
+def test_the_images_carry_what_the_media_processors_need():
+    """The server decodes images with PIL and audio with soundfile (its wheel brings libsndfile) and
+    soxr, as transformers' processors and load_audio do; the images install the host's versions."""
+    from gemma4_port.images.assemble import host_requirements
+
+    assert {"pillow", "soundfile", "soxr"} <= {r.split("==")[0].lower() for r in host_requirements()}
 
 
 def test_slim_is_from_the_base_by_digest_and_adds_only_the_server():

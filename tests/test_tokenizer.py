@@ -237,3 +237,22 @@ def test_conversations_render_as_the_checkpoints_template_does(small, large, ref
     assert render(large, converted, **kw) == real
     empty_block = "<|channel>thought\n<channel|>"
     assert render(small, converted, **kw) == real.removesuffix(empty_block if generation and not thinking else "")
+
+
+@pytest.mark.parametrize("generation", [True, False])
+def test_media_parts_render_as_the_checkpoints_template_renders_them(small, large, reference, generation):
+    """A user message of text, image and audio parts (as the server hands them to the template): the
+    placeholders where the parts are, the text parts trimmed, exactly as the checkpoints' template."""
+    parts = [
+        {"type": "text", "text": " What is this? "},
+        {"type": "image"},
+        {"type": "text", "text": "And this:"},
+        {"type": "audio"},
+    ]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": parts}]
+    kw = {"add_generation_prompt": generation}
+    real = large.apply_chat_template(messages, tokenize=False, chat_template=reference, **kw)
+    assert "What is this?\n\n<|image|>\n\nAnd this:<|audio|><turn|>" in real
+    assert render(large, messages, **kw) == real
+    empty_block = "<|channel>thought\n<channel|>"
+    assert render(small, messages, **kw) == real.removesuffix(empty_block if generation else "")

@@ -15,7 +15,14 @@ import torch
 from contract.errors import Gemma4Error
 from contract.files import read_parsed
 from gemma4_port.source.manifest import Manifest, RandomModel
-from gemma4_port.source.toy_tokenizer import EOS_ID, TOOL_RESPONSE, TURN_END, save_tokenizer, train_tokenizer
+from gemma4_port.source.toy_tokenizer import (
+    EOS_ID,
+    TEMPLATE_FILE,
+    TOOL_RESPONSE,
+    TURN_END,
+    save_tokenizer,
+    train_tokenizer,
+)
 
 # Hub checkpoints are saved by the multimodal class; the text decoder lives under this prefix.
 MULTIMODAL_PREFIX = "model.language_model."
@@ -38,7 +45,9 @@ def resolve_checkpoint(manifest: Manifest, progress=None) -> Path:
     """The local folder holding the manifest's checkpoint, creating or downloading it if needed."""
     src = manifest.model
     if src.random is not None:
-        key = hashlib.sha256((RANDOM_FORMAT + src.random.model_dump_json()).encode()).hexdigest()[:12]
+        # The chat template is written into the checkpoint too: a change to it makes a new one.
+        made_of = RANDOM_FORMAT + src.random.model_dump_json() + TEMPLATE_FILE.read_text()
+        key = hashlib.sha256(made_of.encode()).hexdigest()[:12]
         folder = cache_root() / "random" / f"{manifest.name}-{key}"
         if not folder.is_dir():
             # Written aside and renamed: concurrent builds never see (or write) a half-made checkpoint.

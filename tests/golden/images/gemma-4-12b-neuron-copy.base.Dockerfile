@@ -38,7 +38,7 @@ ENV PATH=/opt/venv/bin:/opt/aws/neuron/bin:$PATH \
 RUN python3.11 -m venv /opt/venv \
  && pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH}" \
  && pip install --no-cache-dir --extra-index-url https://pip.repos.neuron.amazonaws.com \
-    "neuronx-cc==${NEURONX_CC}" "torch-neuronx==${TORCH_NEURONX}" "neuronx-distributed==${NEURONX_DISTRIBUTED}" "transformers==${TRANSFORMERS}" "flask==3.1.3" "gunicorn==27.0.1" "pydantic==2.14.4"
+    "neuronx-cc==${NEURONX_CC}" "torch-neuronx==${TORCH_NEURONX}" "neuronx-distributed==${NEURONX_DISTRIBUTED}" "transformers==${TRANSFORMERS}" "flask==3.1.3" "gunicorn==27.0.1" "pydantic==2.14.4" "pillow==13.0.0" "soundfile==0.14.0" "soxr==1.1.0"
 
 # Weights and compile in a throwaway stage: the checkpoint and the compiler's scratch stay out of the base.
 FROM toolchain AS compile

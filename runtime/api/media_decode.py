@@ -18,7 +18,7 @@ import soundfile
 from PIL import Image, UnidentifiedImageError
 from transformers.audio_utils import load_audio
 
-from runtime.api.media_fetch import MediaError
+from runtime.api.media_fetch import MediaError, MediaLimitError
 from runtime.settings import MediaLimits
 
 # libsndfile's name of each format OpenAI's `input_audio.format` names
@@ -41,16 +41,16 @@ def image(data: bytes, limits: MediaLimits) -> Image.Image:
     except UnidentifiedImageError:
         raise MediaError(f"is not an image in one of the formats this server reads: {allowed}") from None
     except Image.DecompressionBombError as exc:
-        raise MediaError(limits.refusal("max_image_pixels", f"is too large to decode ({exc})")) from None
+        raise MediaLimitError(limits.refusal("max_image_pixels", f"is too large to decode ({exc})")) from None
     except (OSError, ValueError, SyntaxError) as exc:  # PIL's plugins refuse a broken header with any of them
         raise MediaError(f"could not be read as an image: {exc}") from None
     width, height = img.size
     if width * height > limits.max_image_pixels:
-        raise MediaError(limits.refusal("max_image_pixels", f"is {width} x {height} = {width * height} pixels"))
+        raise MediaLimitError(limits.refusal("max_image_pixels", f"is {width} x {height} = {width * height} pixels"))
     try:
         img.load()
     except Image.DecompressionBombError as exc:
-        raise MediaError(limits.refusal("max_image_pixels", f"is too large to decode ({exc})")) from None
+        raise MediaLimitError(limits.refusal("max_image_pixels", f"is too large to decode ({exc})")) from None
     except (OSError, ValueError, SyntaxError) as exc:  # truncated or corrupt data
         raise MediaError(f"could not be decoded as {img.format}: {exc}") from None
     return img
@@ -69,7 +69,7 @@ def audio(data: bytes, declared: str, limits: MediaLimits, sampling_rate: int) -
         raise MediaError("holds no audio samples")
     seconds = info.frames / info.samplerate
     if seconds > limits.max_audio_seconds:
-        raise MediaError(limits.refusal("max_audio_seconds", f"is {seconds:.2f} s long"))
+        raise MediaLimitError(limits.refusal("max_audio_seconds", f"is {seconds:.2f} s long"))
     # load_audio reads a data: URI itself (never a path or a URL when given one)
     uri = f"data:audio/{declared};base64,{base64.b64encode(data).decode()}"
     try:

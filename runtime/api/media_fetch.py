@@ -19,6 +19,7 @@ import socket
 import time
 import urllib.parse
 
+import certifi
 import urllib3
 
 from contract.errors import Gemma4Error
@@ -36,6 +37,10 @@ class MediaError(Gemma4Error, ValueError):
     """A media part the server will not take; the message says why (a 400, named by its part)."""
 
 
+class MediaLimitError(MediaError):
+    """A media part over one of the operator's limits (the message names it and its variable)."""
+
+
 def data_url(url: str, max_bytes: int, limit_name: str) -> tuple[str, bytes]:
     """A base64 `data:` URL (RFC 2397) as (its media type, lower-case, and its bytes). `limit_name`
     is the refusal's text naming the byte limit."""
@@ -45,13 +50,13 @@ def data_url(url: str, max_bytes: int, limit_name: str) -> tuple[str, bytes]:
         raise MediaError("a data: URL must be base64: data:<media type>;base64,<data>")
     payload = "".join(payload.split())  # base64 may be wrapped in lines
     if len(payload) // 4 * 3 > max_bytes + 2:  # checked before decoding: padding aside, 4 characters per 3 bytes
-        raise MediaError(f"the data: URL holds about {len(payload) // 4 * 3} bytes; {limit_name}")
+        raise MediaLimitError(f"the data: URL holds about {len(payload) // 4 * 3} bytes; {limit_name}")
     try:
         data = base64.b64decode(payload, validate=True)
     except binascii.Error as exc:
         raise MediaError(f"the data: URL is not valid base64 ({exc})") from None
     if len(data) > max_bytes:
-        raise MediaError(f"the data: URL holds {len(data)} bytes; {limit_name}")
+        raise MediaLimitError(f"the data: URL holds {len(data)} bytes; {limit_name}")
     return media_type.partition(";")[0].strip().lower(), data
 
 
@@ -122,8 +127,10 @@ def fetch(url: str, limits: MediaLimits, max_bytes: int, limit_name: str) -> byt
         response = pool.urlopen(
             "GET", target, headers=headers, redirect=False, retries=False, preload_content=False, decode_content=False
         )
+    except urllib3.exceptions.TimeoutError:
+        raise MediaLimitError(_late(limits)) from None
     except urllib3.exceptions.HTTPError as exc:
-        raise MediaError(f"fetching {shown(url)} failed: {_reason(exc, limits)}") from None
+        raise MediaError(f"fetching {shown(url)} failed: {exc}") from None
     try:
         return _body(response, url, deadline, limits, max_bytes, limit_name)
     finally:
@@ -143,6 +150,7 @@ def _pool(scheme: str, address: str, port: int, host: str, timeout: float) -> ur
         maxsize=1,
         retries=False,
         cert_reqs="CERT_REQUIRED",
+        ca_certs=certifi.where(),  # the CA bundle requests uses, in every image alike
         server_hostname=host,
         assert_hostname=host,
     )
@@ -159,7 +167,7 @@ def _body(response, url: str, deadline: float, limits: MediaLimits, max_bytes: i
         raise MediaError(f"{shown(url)} answered with Content-Encoding {shown(encoding)}; only identity is read")
     declared = response.headers.get("Content-Length", "")
     if declared.isdigit() and int(declared) > max_bytes:
-        raise MediaError(f"{shown(url)} is {declared} bytes; {limit_name}")
+        raise MediaLimitError(f"{shown(url)} is {declared} bytes; {limit_name}")
     chunks: list[bytes] = []
     size = 0
     while True:
@@ -170,28 +178,24 @@ def _body(response, url: str, deadline: float, limits: MediaLimits, max_bytes: i
             sock.settimeout(_left(deadline, limits))
         try:
             chunk = response.read(CHUNK_BYTES)
+        except urllib3.exceptions.TimeoutError:
+            raise MediaLimitError(_late(limits)) from None
         except urllib3.exceptions.HTTPError as exc:
-            raise MediaError(f"fetching {shown(url)} failed: {_reason(exc, limits)}") from None
+            raise MediaError(f"fetching {shown(url)} failed: {exc}") from None
         if not chunk:
             return b"".join(chunks)
         size += len(chunk)
         if size > max_bytes:
-            raise MediaError(f"{shown(url)} is more than {max_bytes} bytes; {limit_name}")
+            raise MediaLimitError(f"{shown(url)} is more than {max_bytes} bytes; {limit_name}")
         chunks.append(chunk)
 
 
 def _left(deadline: float, limits: MediaLimits) -> float:
     left = deadline - time.monotonic()
     if left <= 0:
-        raise MediaError(_late(limits))
+        raise MediaLimitError(_late(limits))
     return left
 
 
 def _late(limits: MediaLimits) -> str:
     return f"the fetch did not finish within {limits.fetch_timeout_s:g} s (GEMMA4_MEDIA_FETCH_TIMEOUT_S)"
-
-
-def _reason(exc: urllib3.exceptions.HTTPError, limits: MediaLimits) -> str:
-    if isinstance(exc, urllib3.exceptions.TimeoutError):
-        return _late(limits)
-    return str(getattr(exc, "reason", None) or exc)

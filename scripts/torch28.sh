@@ -26,6 +26,6 @@ fi
 "$VENV/bin/python" -c "import torch; assert torch.__version__.startswith('$TORCH_VERSION'), torch.__version__"
 # The port and the Neuron stand-in, as run on torch 2.8 (85 + 4 passed). verify and the server
 # (tests/test_verify.py, tests/test_server_e2e.py) belong here too but have not yet run on it.
-SUBSET=(tests/test_model.py tests/test_attention.py tests/test_sharding.py tests/test_lint.py
+SUBSET=(tests/test_decoder.py tests/test_attention.py tests/test_sharding.py tests/test_lint.py
   tests/test_neuron_standin.py tests/test_neuron_platform.py tests/test_neuron_backend.py)
 exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${@:-${SUBSET[@]}}"

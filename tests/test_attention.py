@@ -1,11 +1,11 @@
-"""Attention over key blocks (model.py `attention`): the online softmax equals one softmax over every
+"""Attention over key blocks (layers.py `attention`): the online softmax equals one softmax over every
 key, and a long key bucket's graph passes the SBUF lint that a single wide softmax row fails."""
 
 import pytest
 import torch
 
+from gemma4_port.port.layers import KEY_BLOCK, attention
 from gemma4_port.port.lint import ROW_BUDGET, LintError, check_traced
-from gemma4_port.port.model import KEY_BLOCK, attention
 
 B, KVU, G, S, D = 1, 2, 4, 8, 32
 

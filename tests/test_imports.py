@@ -147,3 +147,16 @@ def test_lazy_and_relative_imports_are_seen(tmp_path):
     src.write_text("from .b import x\nfrom . import c\ndef f():\n    from pkg.sub import d\n    import pkg.e\n")
     modules = {name: src for name in ("pkg.m", "pkg.b", "pkg.c", "pkg.sub", "pkg.sub.d", "pkg.e")}
     assert imports_of("pkg.m", src, modules) == {"pkg.b", "pkg.c", "pkg.sub.d", "pkg.e"}
+
+
+def test_the_decoder_pieces_sit_below_the_decoder():
+    """The layer pieces and the KV helpers take only the sharding plan from the port; the decoder builds
+    on them, and the traceable graphs on the decoder (so a new graph imports no further than decoder)."""
+    graph = import_graph()
+    port = {name for name in graph if name.startswith("gemma4_port.port.")}
+    below = {"gemma4_port.port.layers", "gemma4_port.port.kv"}
+    assert below <= port
+    for name in below:
+        assert graph[name] & port <= {"gemma4_port.port.sharding"}, name
+    assert below <= graph["gemma4_port.port.decoder"]
+    assert "gemma4_port.port.decoder" in graph["gemma4_port.port.graphs"]

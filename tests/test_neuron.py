@@ -24,8 +24,9 @@ from gemma4_port.compile.neuron import (
     nxd_plan,
 )
 from gemma4_port.compile.tracing import CompileError
+from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph
-from gemma4_port.port.model import Gemma4Decoder, kv_shapes
+from gemma4_port.port.kv import kv_shapes
 from gemma4_port.port.sharding import REPLICATED, shard_model
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest

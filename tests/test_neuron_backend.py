@@ -10,7 +10,7 @@ import torch
 
 from contract.artifact import ArtifactError, write_raw
 from gemma4_port.compile.neuron import kv_head_ranges
-from gemma4_port.port.model import kv_shapes
+from gemma4_port.port.kv import kv_shapes
 from gemma4_port.port.sharding import shard_model
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest

@@ -1,6 +1,6 @@
 """Prefix reuse: the rule for how much of a slot's retained KV a new prompt keeps, and the choice of a
 slot. (That a reused prefix gives exactly what a fresh prefill gives, and that what the rule refuses
-would not, is shown on the graph in test_model.py.)"""
+would not, is shown on the graph in test_decoder.py.)"""
 
 import pytest
 

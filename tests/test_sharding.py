@@ -12,7 +12,8 @@ import torch
 from rich.console import Console
 from transformers import Gemma4TextConfig
 
-from gemma4_port.port.model import Gemma4Decoder, kv_shapes
+from gemma4_port.port.decoder import Gemma4Decoder
+from gemma4_port.port.kv import kv_shapes
 from gemma4_port.port.sharding import REPLICATED, SPLIT, ShardingError, shard_model, shard_table
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest

@@ -13,7 +13,7 @@ import torch
 from contract.artifact import load_meta
 from contract.dtypes import DTYPES
 from contract.hostside import HostInputs, HostTables
-from gemma4_port.port.model import kv_shapes
+from gemma4_port.port.kv import kv_shapes
 from gemma4_port.port.sharding import REPLICATED, SPLIT, shard_model
 from gemma4_port.source.checkpoint import CheckpointReader, read_text_config
 from runtime.model.loader import load_artifact

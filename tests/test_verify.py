@@ -9,7 +9,7 @@ import pytest
 from contract.artifact import load_meta, sha256, write_raw
 from gemma4_port.compile.backends import compile_artifact
 from gemma4_port.compile.tracing import CompileError
-from gemma4_port.port.model import Gemma4Decoder
+from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.source.manifest import load_manifest, parse_manifest
 from support import MANIFESTS
 from support.cli import verify

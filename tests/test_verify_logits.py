@@ -12,7 +12,7 @@ from rich.console import Console
 from contract.artifact import load_meta
 from contract.logit_error import BOUNDS
 from gemma4_port.compile.backends import compile_artifact
-from gemma4_port.port import model as port
+from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.source.manifest import load_manifest
 from gemma4_port.verify.run import verify_artifact
 from runtime.model.loader import SelfTestFailed, load_artifact
@@ -60,7 +60,7 @@ def test_missed_scale_in_the_graph_fails(compiled, monkeypatch, tmp_path):
         return self.per_layer_projection_norm(proj.view(B, S, shard.num_layers, shard.ple_dim)) + ple  # (B, S, L, P)
 
     folder = compiled_with(
-        monkeypatch, tmp_path, "tiny-e2b", "fp32", port.Gemma4Decoder, "project_ple", project_ple_unscaled
+        monkeypatch, tmp_path, "tiny-e2b", "fp32", Gemma4Decoder, "project_ple", project_ple_unscaled
     )
     code, report = verify_json(folder, tmp_path)
     assert code == 1 and any(row["verdict"] == "LOGITS" for row in passed_before(report))
@@ -72,7 +72,7 @@ def test_final_norm_in_bf16_fails_a_float32_artifact(compiled, monkeypatch, tmp_
     def logits_bf16_norm(self, h_last):
         return self.lm_head(self.norm(h_last.to(torch.bfloat16)).to(h_last.dtype))
 
-    folder = compiled_with(monkeypatch, tmp_path, "tiny-12b", "fp32", port.Gemma4Decoder, "logits", logits_bf16_norm)
+    folder = compiled_with(monkeypatch, tmp_path, "tiny-12b", "fp32", Gemma4Decoder, "logits", logits_bf16_norm)
     code, report = verify_json(folder, tmp_path)
     assert code == 1 and passed_before(report)
     assert all(row["verdict"] == "LOGITS" for row in passed_before(report))
@@ -88,7 +88,7 @@ def test_global_rotary_raised_3_percent_fails_a_bf16_artifact(compiled, tmp_path
 
 
 def test_garbage_fails_every_row_even_where_a_token_matches(compiled, monkeypatch, tmp_path):
-    original = port.Gemma4Decoder.load_weights
+    original = Gemma4Decoder.load_weights
 
     def scrambled(self, reader):
         original(self, reader)
@@ -97,7 +97,7 @@ def test_garbage_fails_every_row_even_where_a_token_matches(compiled, monkeypatc
             if p.dim() == 2 and name != "lm_head.weight":
                 p.copy_(p[torch.randperm(p.shape[0], generator=generator)])
 
-    folder = compiled_with(monkeypatch, tmp_path, "tiny-12b", "bf16", port.Gemma4Decoder, "load_weights", scrambled)
+    folder = compiled_with(monkeypatch, tmp_path, "tiny-12b", "bf16", Gemma4Decoder, "load_weights", scrambled)
     code, report = verify_json(folder, tmp_path)
     assert code == 1
     assert all(row["verdict"] in ("MISMATCH", "LOGITS") for row in report["rows"])

@@ -13,7 +13,7 @@ from gemma4_port.compile.cpu_tp import CpuTensorParallelGraphs
 from gemma4_port.compile.neuron import NeuronGraphs
 from gemma4_port.compile.pipeline import Build, run_pipeline, step
 from gemma4_port.compile.tracing import trace_cpu
-from gemma4_port.port.model import Gemma4Decoder
+from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.source.manifest import Manifest, Variant
 
 

@@ -16,7 +16,7 @@ from contract.dtypes import DTYPES
 from contract.hostside import HostInputs
 from gemma4_port.compile.pipeline import Build, step
 from gemma4_port.compile.tracing import EXAMPLE_TOKEN, host_tables, trace_cpu
-from gemma4_port.port.model import Gemma4Decoder
+from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.sharding import ModelShard
 from gemma4_port.source.checkpoint import CheckpointReader
 from runtime.model.ranks import RankGroup, all_reduce

@@ -37,9 +37,10 @@ from contract.versions import pin_problems
 from gemma4_port.compile.pipeline import Build, step
 from gemma4_port.compile.platform import pin_platform
 from gemma4_port.compile.tracing import CompileError, example_inputs, geometry, trace_quietly
+from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph
+from gemma4_port.port.kv import kv_shapes, ring_size
 from gemma4_port.port.lint import check_traced
-from gemma4_port.port.model import Gemma4Decoder, kv_shapes, ring_size
 from gemma4_port.port.sharding import SPLIT, ModelShard, ShardingError, shard_model
 from gemma4_port.source.checkpoint import CheckpointReader, cache_root
 from gemma4_port.source.manifest import Manifest, Toolchain, Variant

@@ -16,9 +16,10 @@ from contract.dtypes import DTYPES
 from contract.errors import Gemma4Error
 from contract.graph_key import GraphKey, variant_graphs
 from contract.hostside import HostInputs, scaled_tables
+from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph, input_names
+from gemma4_port.port.kv import kinds_present, kv_kinds, kv_shapes, ring_size
 from gemma4_port.port.lint import check_traced
-from gemma4_port.port.model import Gemma4Decoder, kinds_present, kv_kinds, kv_shapes, ring_size
 from gemma4_port.port.sharding import ModelShard
 from gemma4_port.source.checkpoint import CheckpointReader
 from gemma4_port.source.manifest import Variant

@@ -34,7 +34,8 @@ import torch
 
 from contract.dtypes import DTYPES
 from contract.layout import NeuronLayout, neuron_layout
-from gemma4_port.port.model import Gemma4Decoder, kinds_present, kv_shapes, ring_size
+from gemma4_port.port.decoder import Gemma4Decoder
+from gemma4_port.port.kv import kinds_present, kv_shapes, ring_size
 from gemma4_port.port.sharding import ShardingError, shard_model
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import Manifest, Variant
@@ -252,7 +253,7 @@ def kv_max_bound(sizes: ModelSizes, fp: Footprint) -> tuple[int, str] | None:
     """The largest kv_max this variant can take, and what bounds it: the core's memory (HBM: the KV and
     the largest graph's working set beside the weights) or the model's own context
     (max_position_embeddings). SBUF bounds no kv_max: attention runs over blocks of KEY_BLOCK keys,
-    whatever the key bucket (model.py `attention`; the lint checks each op's rows)."""
+    whatever the key bucket (layers.py `attention`; the lint checks each op's rows)."""
     memory = largest_kv_max(sizes, fp)
     if memory is None:
         return None

@@ -3,8 +3,8 @@ only limit, so a measured tok/s has something to be held against.
 
 A decode step at batch B over a key bucket of T keys reads every weight on the core once and the
 KV of B slots in their first T positions (a sliding layer's ring up to min(T, ring)), and writes
-those positions back (model.py decode: a select over the leading positions). As the graph is written
-it also rewrites each buffer's untouched tail (Gemma4Decoder.with_tail concatenates it onto the
+those positions back (decoder.py decode: a select over the leading positions). As the graph is written
+it also rewrites each buffer's untouched tail (kv.with_tail concatenates it onto the
 aliased output): counted here, as the graph asks for it; a compiler that aliases the tail in place
 would save it. Time = bytes over the bandwidth of the HBM the core reads; tok/s per stream = 1 / step
 time, the aggregate B times that.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from contract.dtypes import DTYPES
 from gemma4_port.ops.capacity import ModelSizes
-from gemma4_port.port.model import kv_shapes
+from gemma4_port.port.kv import kv_shapes
 from gemma4_port.source.manifest import Variant
 
 GIB = 2**30

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 from torch import nn
 
-from gemma4_port.port.model import Gemma4Decoder, copy_slot, kinds_present, kv_kinds
+from gemma4_port.port.decoder import Gemma4Decoder
+from gemma4_port.port.kv import copy_slot, kinds_present, kv_kinds
 
 
 def input_names(m, graph: str) -> list[str]:
@@ -76,7 +77,7 @@ class DecodeGraph(_FlatGraph):
 
 
 class CopyGraph(nn.Module):
-    """A fork's KV copy (model.copy_slot). No weights: it holds only the KV tensors' kinds. Its first
+    """A fork's KV copy (kv.copy_slot). No weights: it holds only the KV tensors' kinds. Its first
     output is the target one-hot, passed through: NxD builds one output packer for every key of a model
     from the first key's outputs besides the aliased state (model_builder.py build_packer), and those
     are one tensor, the logits."""

@@ -9,7 +9,7 @@ The SBUF rule is the project's, not the compiler's: an op's working set in one p
 input row and its output row (a softmax keeps only a max and a sum beside them), and it may take at
 most ROW_BUDGET, half of a partition, so the compiler keeps room for the tiles it schedules beside
 (weights, the other operand of the next matmul). Attention stays far below it: its rows are key
-blocks (model.py `attention`), whatever the key bucket.
+blocks (layers.py `attention`), whatever the key bucket.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ import torch
 
 from contract.hostside import HostInputs
 from gemma4_port.compile.pipeline import Build, start_build
-from gemma4_port.port.model import Gemma4Decoder
+from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.source.manifest import load_manifest
 
 from . import MANIFESTS

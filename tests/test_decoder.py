@@ -6,9 +6,10 @@ from safetensors.torch import load_file, save_file
 
 from contract.greedy import softcap
 from gemma4_port.compile.tracing import trace_quietly
+from gemma4_port.port.decoder import Gemma4Decoder, WeightError
 from gemma4_port.port.graphs import DecodeGraph, PrefillGraph
+from gemma4_port.port.kv import copy_slot
 from gemma4_port.port.lint import check_traced
-from gemma4_port.port.model import Gemma4Decoder, WeightError, copy_slot
 from gemma4_port.source.checkpoint import CheckpointError, CheckpointReader
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from runtime.model.prefix import reusable_prefix

@@ -1,6 +1,7 @@
-"""runtime/httpworker.py: requests are read by gunicorn's main loop, so slow and idle clients cost a
-socket, never a thread; HTTP edge cases get their 4xx at once, as OpenAI JSON. The framing rules
-are pure and tested alone; the rest against the real server (`build.py serve`) over raw sockets."""
+"""runtime/http/worker.py (with closing.py and framing.py): requests are read by gunicorn's main loop,
+so slow and idle clients cost a socket, never a thread; HTTP edge cases get their 4xx at once, as
+OpenAI JSON. The framing rules (framing.py) are pure and tested alone; the rest against the real server
+(`build.py serve`) over raw sockets."""
 
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from flask import Flask
 from gemma4_port.bench.hostile import Attack, Pressure, complete, probe
 from gemma4_port.bench.server import Server
 from runtime.api.state import ServerState, install, server_state
-from runtime.http.worker import HEADER_TIMEOUT_S, MAX_HEAD_BYTES, READY, ReadAheadWorker, framing
+from runtime.http.framing import MAX_HEAD_BYTES, READY, framing
+from runtime.http.worker import HEADER_TIMEOUT_S, ReadAheadWorker
 
 LIMIT = 65536
 HEAD = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"

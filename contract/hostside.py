@@ -129,7 +129,7 @@ class HostInputs:
         """The graph's inputs in its traced order (each is contiguous: fresh gathers or leading rows)."""
         return tuple(values[n] for n in self.order[graph]) + tuple(kv)
 
-    def prefill(
+    def prefill_inputs(
         self, ids: list[int], bucket: int, slot: int, kv=(), start: int = 0, keys: int | None = None
     ) -> tuple[torch.Tensor, ...]:
         """A chunk of prompt tokens right-padded to `bucket`, at positions start .. start+n-1 of `slot`
@@ -158,7 +158,7 @@ class HostInputs:
         values["slot"] = torch.nn.functional.one_hot(torch.tensor(slot), self.geo.batch).to(self.dtype)  # (B,)
         return self._assemble("prefill", values, kv)
 
-    def decode(
+    def decode_inputs(
         self, tokens: list[int | None], positions: list[int], kv=(), keys: int | None = None
     ) -> tuple[torch.Tensor, ...]:
         """One token per slot, for the decode graph over the first `keys` cache positions (default:
@@ -178,7 +178,7 @@ class HostInputs:
         }  # rows_<kind> (B, 2, T)
         return self._assemble("decode", values, kv)
 
-    def copy(self, source: int, target: int, keep: int, keys: int, kv=()) -> tuple[torch.Tensor, ...]:
+    def copy_inputs(self, source: int, target: int, keep: int, keys: int, kv=()) -> tuple[torch.Tensor, ...]:
         """A fork: slot `target` takes slot `source`'s KV of positions 0 .. keep-1, for the copy graph
         over the first `keys` positions of a global cache (keep <= keys; sliding rings go whole)."""
         B = self.geo.batch

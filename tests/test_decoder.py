@@ -30,12 +30,12 @@ def test_prefill_and_decode_match_transformers(name):
     steps = 20  # decode past the window too
     ref_tokens, ref_logits = reference_greedy(load_reference(folder), ids, steps)
     kv = [torch.zeros(s) for s in geo.kv_shapes]
-    logits, *kv = prefill(*host.prefill(ids, 16, 0, kv))
+    logits, *kv = prefill(*host.prefill_inputs(ids, 16, 0, kv))
     got = []
     for i in range(steps):
         assert float((softcap(logits[0], geo.softcap) - ref_logits[i]).abs().max()) < 2e-3, f"step {i}"
         got.append(int(logits[0].argmax()))
-        logits, *kv = decode(*host.decode([got[-1]], [len(ids) + i], kv))
+        logits, *kv = decode(*host.decode_inputs([got[-1]], [len(ids) + i], kv))
     assert got == ref_tokens
 
 
@@ -99,15 +99,15 @@ def test_a_decode_bucket_computes_what_the_whole_cache_does():
     g = torch.Generator().manual_seed(0)
     kv = [torch.randn(s, generator=g) for s in geo.kv_shapes]  # a used cache: every position non-zero
     tokens, positions = [5, None, 700, 31], [3, 0, 31, 17]
-    small, *kv_small = graph(*host.decode(tokens, positions, kv, keys=32))
-    whole, *kv_whole = graph(*host.decode(tokens, positions, kv, keys=64))
+    small, *kv_small = graph(*host.decode_inputs(tokens, positions, kv, keys=32))
+    whole, *kv_whole = graph(*host.decode_inputs(tokens, positions, kv, keys=64))
     busy = [0, 2, 3]
     torch.testing.assert_close(small[busy], whole[busy], rtol=1e-5, atol=1e-5)
     for a, b, old in zip(kv_small, kv_whole, kv):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
         assert torch.equal(a[:, :, 32:], old[:, :, 32:])
     with pytest.raises(ValueError, match="key buckets"):
-        host.decode(tokens, positions, kv, keys=48)
+        host.decode_inputs(tokens, positions, kv, keys=48)
 
 
 @torch.no_grad()
@@ -119,8 +119,8 @@ def test_a_prefill_key_bucket_computes_what_the_whole_cache_does():
     g = torch.Generator().manual_seed(1)
     kv = [torch.randn(s, generator=g) for s in geo.kv_shapes]  # a used cache: every position non-zero
     ids = _prompt(11, seed=4)
-    small, *kv_small = graph(*host.prefill(ids, 16, 2, kv, start=20, keys=32))
-    whole, *kv_whole = graph(*host.prefill(ids, 16, 2, kv, start=20, keys=64))
+    small, *kv_small = graph(*host.prefill_inputs(ids, 16, 2, kv, start=20, keys=32))
+    whole, *kv_whole = graph(*host.prefill_inputs(ids, 16, 2, kv, start=20, keys=64))
     torch.testing.assert_close(small, whole, rtol=1e-5, atol=1e-5)
     for a, b, old in zip(kv_small, kv_whole, kv):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
@@ -145,7 +145,7 @@ def _prefill(prefill, host, ids, chunks, buckets, slot, kv):
     """Prefill `ids` in chunks of the given sizes into the given buckets; logits after each chunk."""
     start, seen = 0, []
     for n, bucket in zip(chunks, buckets):
-        logits, *kv = prefill(*host.prefill(ids[start : start + n], bucket, slot, kv, start=start))
+        logits, *kv = prefill(*host.prefill_inputs(ids[start : start + n], bucket, slot, kv, start=start))
         start += n
         seen.append((start, logits[0]))
     assert start == len(ids)
@@ -180,7 +180,7 @@ def test_a_prompt_longer_than_every_bucket_matches_transformers_chunk_by_chunk(n
         assert int(logits.argmax()) == int(want.argmax())
         tokens.append(int(logits.argmax()))
         if len(tokens) < geo.kv_max:
-            logits, *kv = decode(*host.decode([tokens[-1]], [len(tokens) - 1], kv))
+            logits, *kv = decode(*host.decode_inputs([tokens[-1]], [len(tokens) - 1], kv))
             logits = logits[0]
 
 
@@ -228,14 +228,14 @@ def test_how_a_prompt_is_chunked_does_not_change_the_result():
 def test_the_chunk_graph_traces_without_scatter_or_indexing():
     *_, geo, decoder, host = setup("tiny-12b")
     kv = tuple(torch.zeros(s) for s in geo.kv_shapes)
-    inputs = host.prefill([5] * 10, 16, 0, kv, start=20)
+    inputs = host.prefill_inputs([5] * 10, 16, 0, kv, start=20)
     check_traced(trace_quietly(torch.jit.trace, PrefillGraph(decoder).eval(), inputs), "prefill_16_64", geo.vocab)
 
 
 @torch.no_grad()
 def _prefill_all(graph, host, ids, slot, kv, start=0):
     for first, n, bucket in chunks(start, len(ids), host.geo.buckets):
-        logits, *kv = graph(*host.prefill(ids[first : first + n], bucket, slot, kv, start=first))
+        logits, *kv = graph(*host.prefill_inputs(ids[first : first + n], bucket, slot, kv, start=first))
     return logits[0], kv
 
 

@@ -36,15 +36,15 @@ def test_a_chunk_runs_in_the_smallest_key_bucket_that_holds_it():
     assert [geo.keys_for_chunk(16, end) for end in (1, 32, 33, 64)] == [32, 32, 64, 64]
     assert geo.prefill_keys(32) == (32, 64)
     ids = list(range(1, 12))
-    short = dict(zip(geo.inputs["prefill"], host.prefill(ids, 16, 1, start=20)))
-    whole = dict(zip(geo.inputs["prefill"], host.prefill(ids, 16, 1, start=20, keys=64)))
+    short = dict(zip(geo.inputs["prefill"], host.prefill_inputs(ids, 16, 1, start=20)))
+    whole = dict(zip(geo.inputs["prefill"], host.prefill_inputs(ids, 16, 1, start=20, keys=64)))
     for kind in geo.kinds:
         assert short[f"rows_{kind}"].shape == (16, 2, 32)
         assert torch.equal(short[f"rows_{kind}"], whole[f"rows_{kind}"][..., :32])
         past = whole[f"rows_{kind}"][..., 32:]  # keys 32.. : none visible, none written
         assert not (past[:, 0] == 0).any() and not past[:, 1].any()
     with pytest.raises(ValueError, match=r"no prefill graph over 32 keys; it runs over one of \(32, 64\)"):
-        host.prefill(ids, 16, 1, start=22, keys=32)
+        host.prefill_inputs(ids, 16, 1, start=22, keys=32)
 
 
 def test_decode_inputs_are_the_rows_of_their_definition():
@@ -54,7 +54,7 @@ def test_decode_inputs_are_the_rows_of_their_definition():
     *_, geo, _, host = setup("tiny-e2b", "b4")
     K, W = geo.kv_max, geo.sliding_window
     positions = [0, W, K - 1, 5]
-    named = dict(zip(geo.inputs["decode"], host.decode([7, 8, 9, None], positions)))
+    named = dict(zip(geo.inputs["decode"], host.decode_inputs([7, 8, 9, None], positions)))
     rope = named["rope"]
     for slot, p in enumerate(positions[:3]):
         start = 0
@@ -82,7 +82,7 @@ def test_chunk_inputs_are_the_rows_of_their_definition():
     ring key j holding q - ((q - j) mod S)) and its write row names q mod S; padding sees and writes nothing."""
     *_, geo, _, host = setup("tiny-e2b")
     start, n, bucket = 37, 9, 16
-    named = dict(zip(geo.inputs["prefill"], host.prefill(list(range(1, n + 1)), bucket, 0, start=start)))
+    named = dict(zip(geo.inputs["prefill"], host.prefill_inputs(list(range(1, n + 1)), bucket, 0, start=start)))
     for kind in geo.kinds:
         S, rows = geo.span(kind), named[f"rows_{kind}"]
         assert rows.shape == (bucket, 2, S)
@@ -100,15 +100,15 @@ def test_chunk_inputs_are_the_rows_of_their_definition():
             assert torch.equal(rows[i, 1], (j == q % S).to(host.dtype)), (kind, q)
     assert torch.equal(named["last"][0], torch.nn.functional.one_hot(torch.tensor(n - 1), bucket).float())
     with pytest.raises(ValueError, match="does not fit kv_max"):
-        host.prefill([1] * 9, 16, 0, start=geo.kv_max - 8)
+        host.prefill_inputs([1] * 9, 16, 0, start=geo.kv_max - 8)
 
 
 def test_copy_inputs_name_the_slots_and_the_kept_positions_and_refuse_what_has_no_graph():
     *_, geo, _, host = setup("tiny-e2b", "b4")
-    named = dict(zip(geo.inputs["copy"], host.copy(2, 0, 20, 32)))
+    named = dict(zip(geo.inputs["copy"], host.copy_inputs(2, 0, 20, 32)))
     assert named["source"].tolist() == [0, 0, 1, 0] and named["target"].tolist() == [1, 0, 0, 0]
     assert named["held"].tolist() == [1] * 20 + [0] * 12  # (T,): the prompt's positions of copy_32
     with pytest.raises(ValueError, match=r"from one slot to another of 0 \.\. 3, not 1 -> 1"):
-        host.copy(1, 1, 5, 32)
+        host.copy_inputs(1, 1, 5, 32)
     with pytest.raises(ValueError, match=r"a copy of 33 positions has no graph over 32 keys; .* \(32, 64\)"):
-        host.copy(0, 1, 33, 32)
+        host.copy_inputs(0, 1, 33, 32)

@@ -61,7 +61,7 @@ def test_alias_map_points_each_kv_parameter_at_the_output_that_updates_it(name):
     _random_kv(module, 0)
     old = [p.clone() for p in module.kv]
     pos = 5
-    inputs = host.decode([17], [pos])
+    inputs = host.decode_inputs([17], [pos])
     out = module(*inputs)
     aliases = module.aliases()
     assert sorted(aliases.values()) == list(range(1, len(out)))  # every output but the logits is a buffer's update
@@ -84,8 +84,8 @@ def test_prefill_alias_updates_one_slot_and_keeps_the_others():
     module = DeviceKV(PrefillGraph(decoder), geo.kv_shapes, torch.float32)
     _random_kv(module, 1)
     old = [p.clone() for p in module.kv]
-    out = module(*host.prefill([5, 6, 7], 16, 2))
-    expected = PrefillGraph(decoder)(*host.prefill([5, 6, 7], 16, 2), *old)
+    out = module(*host.prefill_inputs([5, 6, 7], 16, 2))
+    expected = PrefillGraph(decoder)(*host.prefill_inputs([5, 6, 7], 16, 2), *old)
     for i, p in enumerate(module.kv):
         new = out[module.aliases()[p]]
         assert torch.equal(new, expected[1 + i])
@@ -100,7 +100,7 @@ def test_copy_alias_writes_the_target_slot_and_the_copy_key_holds_no_weights():
     module = DeviceKV(CopyGraph(decoder), geo.kv_shapes, torch.float32)
     _random_kv(module, 2)
     old = [p.clone() for p in module.kv]
-    out = module(*host.copy(3, 1, 20, 32))
+    out = module(*host.copy_inputs(3, 1, 20, 32))
     assert sorted(module.aliases().values()) == list(range(1, len(out)))  # output 0 only for NxD's packer
     assert [n for n, _ in module.named_parameters()] == [f"kv.{i}" for i in range(len(geo.kv_shapes))]
     check_copied(old, [out[module.aliases()[p]] for p in module.kv], geo.kv_kinds, 3, 1, 20)

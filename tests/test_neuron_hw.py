@@ -128,7 +128,7 @@ def test_a_fork_copies_on_the_cores_and_decodes_as_a_prefill_does(neuron_compile
     ids = [9, 10, 11, 12, 13, 14, 15]
     others = [slot for slot in range(model.meta.geometry.batch) if slot != 1]
     want = runner.greedy(ids, 6, slot=others[-1])[0]
-    logits = runner.prefill(0, ids)
+    logits = runner.prefill_prompt(0, ids)
     before = kv.read()
     runner.fork(0, 1)
     for new_rank, old_rank in zip(kv.read(), before):

@@ -71,7 +71,7 @@ model = load_artifact(sys.argv[1])
 backend = model.runner.backend
 tokens, _ = model.runner.greedy([9, 10, 11, 12, 13], 6)
 geo = model.meta.geometry
-inputs = model.runner.host.prefill([9, 10, 11, 12, 13], geo.buckets[0], 0)
+inputs = model.runner.host.prefill_inputs([9, 10, 11, 12, 13], geo.buckets[0], 0)
 try:
     backend.model(*inputs)  # the call the backend made before: the traced executor's own forward
     old = "ran"
@@ -128,7 +128,7 @@ runner, kv = model.runner, model.runner.backend.kv
 ids = [9, 10, 11, 12, 13, 14, 15]
 others = [slot for slot in range(model.meta.geometry.batch) if slot != 1]
 want, want_logits = runner.greedy(ids, 6, slot=others[-1])
-logits = runner.prefill(0, ids)
+logits = runner.prefill_prompt(0, ids)
 before = [[t.clone() for t in rank] for rank in kv.ranks]  # the stand-in's "device" tensors are on the CPU
 trips = []
 kv.read = lambda: trips.append("read")

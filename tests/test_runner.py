@@ -45,7 +45,7 @@ def test_a_prompt_that_cannot_fit_leaves_the_slot_as_it_was(runner):
 
 
 def test_a_full_context_is_refused(runner):
-    runner.prefill(3, [5, 80, 300])
+    runner.prefill_prompt(3, [5, 80, 300])
     try:
         runner.slots[3].position = runner.geo.kv_max
         with pytest.raises(ContextFull, match="slot 3 reached kv_max=64"):
@@ -61,7 +61,7 @@ def test_chunks_fill_the_largest_bucket_then_the_smallest_that_holds_the_rest():
 
 def test_a_slot_keeps_only_a_prefix_it_holds(runner):
     ids = list(range(100, 130))
-    runner.prefill(1, ids)
+    runner.prefill_prompt(1, ids)
     runner.free(1)  # retains the 30 positions
     with pytest.raises(ValueError, match="cannot keep 25 positions for this prompt: it holds 20"):
         runner.start(1, ids[:20] + [1, 2], reused=25)
@@ -113,7 +113,7 @@ def test_a_forked_slots_retained_kv_is_reused_exactly(runner):
     """A forked slot's `tokens` say what its KV holds: a later prompt that shares them keeps them and
     continues as a fresh prefill of the whole prompt does."""
     ids = [(13 * i + 2) % 600 for i in range(20)]
-    logits = runner.prefill(0, ids)
+    logits = runner.prefill_prompt(0, ids)
     runner.fork(0, 1)
     runner.free(0)
     tok = int(logits.argmax())
@@ -131,10 +131,10 @@ def test_a_ring_written_past_the_slots_tokens_keeps_no_prefix_it_lost(runner):
     8) holds: after 52 positions the keys of positions 0-11 hold 40-51, and a prompt that keeps 18
     positions would read them for its positions 11-17. The reuse rule counts from the furthest write."""
     a = [(19 * i + 7) % 800 for i in range(52)]
-    runner.prefill(0, a)
+    runner.prefill_prompt(0, a)
     runner.free(0)
     b = a[:20] + [3, 4]
-    runner.prefill(0, b, reused=runner.reusable(0, b))  # keeps 20: 51 - 20 <= 32
+    runner.prefill_prompt(0, b, reused=runner.reusable(0, b))  # keeps 20: 51 - 20 <= 32
     runner.free(0)
     c = a[:18] + [5, 6, 7]
     assert (len(runner.slots[0].tokens), runner.slots[0].reach, runner.reusable(0, c)) == (22, 52, 0)

@@ -125,7 +125,7 @@ def test_the_backend_resets_and_closes_cleanly(compiled):
     assert gone(pids)
     model.close()  # idempotent
     with pytest.raises(TensorParallelError, match="shut down"):
-        model.runner.prefill(0, ids)
+        model.runner.prefill_prompt(0, ids)
 
 
 def test_a_fork_copies_every_ranks_own_kv(compiled):
@@ -138,7 +138,7 @@ def test_a_fork_copies_every_ranks_own_kv(compiled):
     model = load_artifact(compiled("tiny-12b", "chunks-tp2"))
     try:
         runner = model.runner
-        logits = runner.prefill(0, ids)
+        logits = runner.prefill_prompt(0, ids)
         runner.fork(0, 1)
         runner.free(0)
         got = []
@@ -163,14 +163,14 @@ def test_each_ranks_copy_graphs_copy_its_own_heads_bit_for_bit(compiled):
         kv = planted_kv(geo.kv_shapes, DTYPES[geo.dtype], seed=rank)
         for keep in (3, 16, 17, 64):
             T = next(t for t in geo.key_buckets if keep <= t)
-            _, *out = getattr(graphs, f"copy_{T}")(*host.copy(1, 0, keep, T), *kv)
+            _, *out = getattr(graphs, f"copy_{T}")(*host.copy_inputs(1, 0, keep, T), *kv)
             check_copied(kv, out, geo.kv_kinds, 1, 0, keep)
 
 
 def test_a_killed_rank_is_a_clear_error_not_a_hang(compiled):
     model = load_artifact(compiled("tiny-12b", "tp2"))
     pids = model.runner.backend.group.pids
-    model.runner.prefill(0, [5, 80, 300])
+    model.runner.prefill_prompt(0, [5, 80, 300])
     os.kill(pids[1], signal.SIGKILL)
     start = time.monotonic()
     with pytest.raises(TensorParallelError, match=r"tp rank 1 \(pid \d+\) died during decode with exit code -9"):

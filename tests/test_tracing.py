@@ -57,6 +57,6 @@ def test_the_traced_copy_graphs_copy_a_slot_bit_for_bit_and_batch_1_has_none(com
     kv = planted_kv(geo.kv_shapes, DTYPES[geo.dtype])
     for source, target, keep in ((1, 3, 9), (3, 0, 32), (0, 2, 33), (2, 1, 63)):
         T = next(t for t in geo.key_buckets if keep <= t)
-        _, *out = getattr(graphs, f"copy_{T}")(*host.copy(source, target, keep, T), *kv)
+        _, *out = getattr(graphs, f"copy_{T}")(*host.copy_inputs(source, target, keep, T), *kv)
         check_copied(kv, out, geo.kv_kinds, source, target, keep)
     assert not [g for g in load_meta(compiled("tiny-e2b", "fp32")).graphs if g.startswith("copy")]

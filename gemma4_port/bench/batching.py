@@ -30,10 +30,10 @@ def _rounds(runner, ids: list[int], tokens: int) -> tuple[float, list[float]]:
     seconds, each step's seconds)."""
     batch = runner.geo.batch
     t0 = time.perf_counter()
-    last = {0: argmax(runner.prefill(0, ids))}
+    last = {0: argmax(runner.prefill_prompt(0, ids))}
     prefill_s = time.perf_counter() - t0
     for slot in range(1, batch):
-        last[slot] = argmax(runner.prefill(slot, ids))
+        last[slot] = argmax(runner.prefill_prompt(slot, ids))
     steps = []
     for _ in range(tokens - 1):
         t0 = time.perf_counter()

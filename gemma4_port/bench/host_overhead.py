@@ -112,7 +112,7 @@ def time_steps(
         t0 = time.perf_counter()
         host.embed([[tok]])  # timed alone for the breakdown; decode() repeats it
         t1 = time.perf_counter()
-        host.decode([tok], [pos])
+        host.decode_inputs([tok], [pos])
         t2 = time.perf_counter()
         row = logits[i % len(logits)][0]  # as ModelRunner.decode hands it on: raw, at the graph dtype
         t3 = time.perf_counter()

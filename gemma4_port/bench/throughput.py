@@ -38,7 +38,7 @@ class Run:
 def ours(runner, ids: list[int], n: int) -> Run:
     """Greedy through ModelRunner exactly as the engine drives it: prefill, then one decode per token."""
     t0 = time.perf_counter()
-    tok = argmax(runner.prefill(0, ids))
+    tok = argmax(runner.prefill_prompt(0, ids))
     stamps, tokens = [time.perf_counter()], [tok]
     for _ in range(n - 1):
         tok = argmax(runner.decode({0: tok})[0])

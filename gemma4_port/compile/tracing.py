@@ -108,10 +108,10 @@ def example_inputs(host: HostInputs, geo: Geometry, graph: GraphKey):
     kv = tuple(torch.zeros(s, dtype=dtype) for s in geo.kv_shapes)
     bucket, keys = graph.chunk, graph.keys
     if graph.kind == "prefill":
-        return host.prefill([EXAMPLE_TOKEN] * max(1, bucket // 2), bucket, 0, kv, keys=keys)
+        return host.prefill_inputs([EXAMPLE_TOKEN] * max(1, bucket // 2), bucket, 0, kv, keys=keys)
     if graph.kind == "copy":
-        return host.copy(0, 1, keys, keys, kv)
-    return host.decode([EXAMPLE_TOKEN] * geo.batch, [0] * geo.batch, kv, keys=keys)
+        return host.copy_inputs(0, 1, keys, keys, kv)
+    return host.decode_inputs([EXAMPLE_TOKEN] * geo.batch, [0] * geo.batch, kv, keys=keys)
 
 
 def trace_quietly(trace, *args, **kwargs):

@@ -179,7 +179,7 @@ class Gemma4Decoder(nn.Module):
         masks = {k: torch.matmul(pick.unsqueeze(1), v) for k, v in masks.items()}  # (N, 1, 1, T)
         return h, ple, rope, masks
 
-    def prefill(self, h, ple, rope, rows, last, slot, kv):
+    def prefill_chunk(self, h, ple, rope, rows, last, slot, kv):
         """A chunk of C prompt tokens at positions p .. p+C-1 of one slot whose positions before p
         already hold this request's KV (an earlier chunk, or a reused prefix). A prefill graph of T
         keys (T >= C, and every real token's position below T): a global cache is read and rewritten

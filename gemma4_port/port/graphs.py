@@ -63,7 +63,7 @@ class PrefillGraph(_FlatGraph):
 
     def forward(self, *args):
         a, rope, rows, kv = self._unpack(args)
-        logits, new_kv = self.decoder.prefill(a["hidden"], a.get("ple"), rope, rows, a["last"], a["slot"], kv)
+        logits, new_kv = self.decoder.prefill_chunk(a["hidden"], a.get("ple"), rope, rows, a["last"], a["slot"], kv)
         return (logits, *new_kv)
 
 

@@ -124,7 +124,7 @@ def run_fork(runner, case: Case) -> tuple[list[int], list[torch.Tensor]]:
     """A prompt prefilled in the first slot and continued in the last, which forks it (the copy graph
     over the smallest key bucket holding it); the source is freed first, so it decodes alone."""
     target = len(runner.slots) - 1
-    logits = runner.prefill(0, case.ids)
+    logits = runner.prefill_prompt(0, case.ids)
     runner.fork(0, target)
     runner.free(0)
     return runner.greedy_on(target, logits, case.steps)

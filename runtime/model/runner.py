@@ -83,7 +83,7 @@ class ModelRunner:
         first, n, bucket = s.plan[s.chunk]
         ids = s.prompt[first : first + n]
         keys = self.geo.keys_for_chunk(bucket, first + n)  # the chunk's cost follows the prompt, not kv_max
-        logits = self.backend.prefill(bucket, keys, self.host.prefill(ids, bucket, slot, start=first, keys=keys))
+        logits = self.backend.prefill(bucket, keys, self.host.prefill_inputs(ids, bucket, slot, start=first, keys=keys))
         s.wrote(ids)
         s.chunk += 1
         if s.chunk < len(s.plan):
@@ -91,7 +91,7 @@ class ModelRunner:
         s.state = SlotState.DECODING
         return logits[0]
 
-    def prefill(self, slot: int, ids: list[int], reused: int = 0) -> torch.Tensor:
+    def prefill_prompt(self, slot: int, ids: list[int], reused: int = 0) -> torch.Tensor:
         """A whole prompt, chunk after chunk; raw logits (V,) after its last token."""
         self.start(slot, ids, reused)
         while (logits := self.prefill_step(slot)) is None:
@@ -125,7 +125,7 @@ class ModelRunner:
             )
         if src != dst:
             keys = self.keys_for(keep - 1)
-            self.backend.copy(keys, self.host.copy(src, dst, keep, keys))
+            self.backend.copy(keys, self.host.copy_inputs(src, dst, keep, keys))
         d.forked(s.tokens[:keep], s.reach)
 
     def reusable(self, slot: int, ids: list[int]) -> int:
@@ -146,7 +146,7 @@ class ModelRunner:
             row[slot] = tok
         positions = [s.position for s in self.slots]
         keys = self.keys_for(max(self.slots[slot].position for slot in tokens))
-        logits = self.backend.decode(keys, self.host.decode(row, positions, keys=keys))
+        logits = self.backend.decode(keys, self.host.decode_inputs(row, positions, keys=keys))
         for slot, tok in tokens.items():
             self.slots[slot].wrote([tok])
         return {slot: logits[slot] for slot in tokens}
@@ -159,7 +159,7 @@ class ModelRunner:
     ) -> tuple[list[int], list[torch.Tensor]]:
         """Greedy continuation of one prompt (keeping the KV of its first `reused` positions, which
         the slot holds): tokens and the raw logits (float32) that chose each. The slot retains its KV."""
-        return self.greedy_on(slot, self.prefill(slot, ids, reused), steps)
+        return self.greedy_on(slot, self.prefill_prompt(slot, ids, reused), steps)
 
     def greedy_on(self, slot: int, logits: torch.Tensor, steps: int) -> tuple[list[int], list[torch.Tensor]]:
         """Greedy decoding of a decoding slot from the logits of its last position (a prefill's, or a

@@ -99,6 +99,8 @@ class RequestLimits(_Limits):
     # --trust-request-chat-template; any client could otherwise replace what the server renders.
     trust_request_chat_template: bool = False
     max_request_template_bytes: int = Field(default=64 * 1024, ge=1024)  # such a template, when trusted
+    # The address space of the process such a template renders in (killed at GEMMA4_RENDER_TIMEOUT_S)
+    request_template_max_memory: int = Field(default=1 << 30, ge=256 << 20)
     max_ignored_fields: int = Field(default=256, ge=0)  # unknown field names remembered (each logged once)
 
 

@@ -15,16 +15,24 @@ from runtime.api.chat import (
     ChatTemplateError,
     Message,
     Tool,
-    render,
+    chat_call,
     template_kwargs,
     template_messages,
     tool_names,
 )
+from runtime.api.templating import Templates
 from runtime.settings import RequestLimits
 from support.chat_server import client, engine, oai  # noqa: F401 (module-scoped fixtures)
 
 CHAT = "/v1/chat/completions"
 MODEL = "tiny-e2b"
+TEMPLATES = Templates(RequestLimits())
+
+
+def render(tokenizer, messages, tools, tool_choice, kwargs) -> str:
+    return TEMPLATES.render(chat_call(tokenizer, messages, tools, tool_choice, kwargs))
+
+
 WEATHER = {
     "type": "function",
     "function": {

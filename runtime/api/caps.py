@@ -42,8 +42,8 @@ def check_costs(body, limits: RequestLimits) -> None:
 
 
 def check_messages(messages, limits: RequestLimits) -> None:
-    """Templating costs at least linear time in the messages (a template's look-ahead loop makes it
-    quadratic), so their number is capped before the template runs."""
+    """Templating costs time linear in the messages (with the shipped templates: docs/serving.md has
+    the figures), so their number is capped before the template runs."""
     _cap("messages", "has messages:", len(messages), limits.max_messages, "GEMMA4_MAX_MESSAGES")
 
 

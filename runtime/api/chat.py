@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationInf
 
 from contract.errors import Gemma4Error
 from runtime.api.reply_parser import Content, Piece, Reasoning, ToolCall
+from runtime.api.templating import TemplateCall, template_call
 from runtime.api.tool_names import OPENAI_NAME, ToolNames
 from runtime.log_gate import shown
 from runtime.settings import RequestLimits
@@ -137,6 +138,8 @@ def arguments(text: str, where: str) -> dict:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ChatTemplateError(f"{where}.function.arguments", f"is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ChatTemplateError(f"{where}.function.arguments", "nests too deeply to be read") from None
     if not isinstance(value, dict):
         raise ChatTemplateError(f"{where}.function.arguments", "must be a JSON object")
     return value
@@ -201,10 +204,11 @@ def tool_names(tools: list[Tool] | None, messages: list[Message]) -> ToolNames:
 
 
 def tool_result(content: str | None):
-    """A tool's result as the template renders it: decoded when it is JSON text (as llama.cpp does)."""
+    """A tool's result as the template renders it: decoded when it is JSON text (as llama.cpp does), as
+    text when it is not (or nests too deeply to decode)."""
     try:
         return json.loads(content or "")
-    except json.JSONDecodeError:
+    except (json.JSONDecodeError, RecursionError):
         return content or ""
 
 
@@ -244,7 +248,7 @@ def template_messages(messages: list[Message], names: ToolNames) -> list[dict]:
     return out
 
 
-def render(
+def chat_call(
     tokenizer,
     messages: list[Message],
     tools: list[Tool] | None,
@@ -252,9 +256,10 @@ def render(
     kwargs: dict | None,
     names: ToolNames | None = None,
     limits: RequestLimits = DEFAULTS,
-) -> str:
-    """The prompt text. With `tool_choice: none` the tools are left out of the prompt, so the model is
-    never offered them (vLLM's `--exclude-tools-when-tool-choice-none`)."""
+) -> TemplateCall:
+    """What the chat template renders the prompt from (runtime.api.templating renders it). With
+    `tool_choice: none` the tools are left out of the prompt, so the model is never offered them
+    (vLLM's `--exclude-tools-when-tool-choice-none`)."""
     names = names or tool_names(tools, messages)
     offered = tools if tools and tool_choice != "none" else None
     if isinstance(tool_choice, ToolChoiceFunction) and not any(
@@ -269,13 +274,8 @@ def render(
         | {"function": t.function.model_dump(exclude_none=True) | {"name": names.alias(t.function.name)}}
         for t in offered or ()
     ]
-    return tokenizer.apply_chat_template(
-        template_messages(messages, names),
-        tools=declared or None,
-        add_generation_prompt=True,
-        tokenize=False,
-        **template_kwargs(kwargs, limits),
-    )
+    converted = template_messages(messages, names)
+    return template_call(tokenizer, converted, declared or None, True, template_kwargs(kwargs, limits))
 
 
 class Reply:

@@ -20,11 +20,14 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 
 from runtime.api.bodies import ResponseSpec, stream, whole
 from runtime.api.caps import check_costs, check_total, default_budget, over
-from runtime.api.chat import ChatTemplateError, render, template_kwargs, tool_names
+from runtime.api.chat import ChatTemplateError, chat_call, template_kwargs, tool_names
 from runtime.api.errors import APIError
 from runtime.api.protocol import ChatCompletionRequest, GenerationRequest, StreamOptions, ignored_fields
 from runtime.api.reply_parser import ReplyParser
 from runtime.api.state import server_state
+from runtime.api.template_render import RenderTooLong
+from runtime.api.template_sandbox import SandboxFailed
+from runtime.api.templating import TemplateCall
 from runtime.api.tool_grammar import forced
 from runtime.bounded import Busy, Late
 from runtime.generate.engine import Engine, NotReady, QueueFull, State
@@ -128,15 +131,14 @@ def check_size(eng: Engine, texts: list[str], param: str) -> None:
         )
 
 
-def render_prompt(eng: Engine, write: Callable[[], str], fit: bool = True) -> str:
-    """The prompt a chat template writes (`write` calls it), on the state's render threads: never
-    under the tokenizer lock, at most GEMMA4_RENDER_TIMEOUT_S, at most GEMMA4_MAX_RENDERED_CHARS, and
+def render_prompt(eng: Engine, call: TemplateCall, fit: bool = True) -> str:
+    """The prompt a chat template writes, on the state's render threads (runtime.api.templating):
+    never under the tokenizer lock, stopped at GEMMA4_RENDER_TIMEOUT_S or GEMMA4_MAX_RENDERED_CHARS, and
     (`fit`) then checked against the context as check_size does for text sent as is."""
-    state = server_state()
-    limits = state.limits
+    limits = server_state().limits
     with template_errors():
         try:
-            text = state.renderer.run(write, limits.render_timeout_s)
+            text = server_state().templates.render(call)
         except Late:
             raise APIError(
                 400,
@@ -145,12 +147,22 @@ def render_prompt(eng: Engine, write: Callable[[], str], fit: bool = True) -> st
                 param="messages",
                 code="over_limit",
             ) from None
+        except RenderTooLong as exc:
+            raise over(
+                "messages", "rendered to characters:", exc.chars, exc.limit, "GEMMA4_MAX_RENDERED_CHARS"
+            ) from None
+        except SandboxFailed as exc:
+            param = "chat_template_kwargs.chat_template"
+            raise APIError(400, f"{param}: {exc}", param=param, code="invalid_value") from None
+        except RecursionError:
+            raise APIError(
+                400,
+                "messages: the chat template could not render them: a value nests too deeply",
+                param="messages",
+                code="invalid_value",
+            ) from None
         except Busy as exc:
             raise APIError(503, str(exc), code="busy", headers={"Retry-After": RETRY_AFTER_S}) from None
-    if len(text) > limits.max_rendered_chars:
-        raise over(
-            "messages", "rendered to characters:", len(text), limits.max_rendered_chars, "GEMMA4_MAX_RENDERED_CHARS"
-        )
     if fit:
         check_size(eng, [text], "messages")
     return text
@@ -270,12 +282,11 @@ def start_chat(eng: Engine, body: ChatCompletionRequest) -> ChatRun:
     check_costs(body, state.limits)
     check_size(eng, [m.content or "" for m in body.messages], "messages")
     names = tool_names(body.tools, body.messages)  # aliases for names Gemma's call syntax cannot carry
-    text = render_prompt(
-        eng,
-        lambda: render(
+    with template_errors():
+        call = chat_call(
             eng.tokenizer, body.messages, body.tools, body.tool_choice, body.chat_template_kwargs, names, state.limits
-        ),
-    )
+        )
+    text = render_prompt(eng, call)
     with state.tokenizer_lock:
         prompt = eng.tokenizer(text, add_special_tokens=False).input_ids  # the template writes <bos>
     with template_errors():  # a tool schema the grammar cannot follow, or one past a cap, is a 400 too

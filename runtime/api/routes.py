@@ -32,6 +32,7 @@ from runtime.api.handling import (
 from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from runtime.api.responses_protocol import ResponsesRequest
 from runtime.api.state import server_state
+from runtime.api.templating import template_call
 from runtime.generate.engine import Engine
 
 bp = Blueprint("openai", __name__, url_prefix="/v1")
@@ -185,13 +186,8 @@ def tokenize_text():
         check_messages(body.messages, state.limits)
         with template_errors():
             dicts = template_messages(body.messages, tool_names(None, body.messages))  # as chat converts them
-        text = render_prompt(
-            eng,
-            lambda: eng.tokenizer.apply_chat_template(
-                dicts, add_generation_prompt=body.add_generation_prompt, tokenize=False
-            ),
-            fit=False,  # a count may exceed the context: the answer says max_model_len beside it
-        )
+        call = template_call(eng.tokenizer, dicts, None, body.add_generation_prompt, {})
+        text = render_prompt(eng, call, fit=False)  # a count may exceed the context: max_model_len is beside it
         with state.tokenizer_lock:
             ids = eng.tokenizer(text, add_special_tokens=False).input_ids  # the template writes <bos>
     else:

@@ -11,11 +11,11 @@ from typing import TYPE_CHECKING
 
 from flask import Flask, current_app
 
-from runtime.bounded import BoundedThreads
 from runtime.log_gate import LogGate, SeenOnce, shown
 from runtime.settings import RequestLimits
 
 if TYPE_CHECKING:  # the gunicorn master reads the state's module too, and must not import torch
+    from runtime.api.templating import Templates
     from runtime.generate.engine import Engine
 
 log = logging.getLogger("gemma4.api")
@@ -35,12 +35,14 @@ class ServerState:
     draining: threading.Event = field(default_factory=threading.Event)  # set by the HTTP worker on SIGTERM
     _ignored: SeenOnce = field(init=False)
     _ignored_gate: LogGate = field(default_factory=LogGate)
-    renderer: BoundedThreads = field(init=False)  # chat templates, outside the tokenizer lock, with a deadline
+    templates: Templates = field(init=False)  # chat templates, outside the tokenizer lock, bounded
 
     def __post_init__(self):
         limits = self.limits
         self._ignored = SeenOnce(limits.max_ignored_fields)
-        self.renderer = BoundedThreads("render", limits.render_threads)
+        from runtime.api.templating import Templates  # transformers' templating: the worker's, not the master's
+
+        self.templates = Templates(limits)
 
     def log_ignored(self, names: list[str]) -> None:
         """Unknown request fields, each named once while the set of names seen has room, at most

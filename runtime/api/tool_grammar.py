@@ -284,6 +284,17 @@ class _Rules:
         return "anyvalue"
 
 
+def arguments_schema(params: dict, where: str) -> dict:
+    """A function's `parameters` as the schema of its arguments, which are an object: a list of types
+    narrows to its "object" (a call's arguments written as `false` are no call the reply can read)."""
+    kinds = params.get("type", "object")
+    if kinds != "object" and not (isinstance(kinds, list) and "object" in kinds):
+        raise ChatTemplateError(
+            f"{where}.type", 'must be "object" (or a list of types that has it): arguments are an object'
+        )
+    return params | {"type": "object"}
+
+
 def forced_calls(
     tokenizer,
     tools: Sequence[Tool],
@@ -309,7 +320,7 @@ def forced_calls(
             # No parameters: the function takes none (OpenAI's reading); a schema: its object.
             params = tool.function.parameters
             where = f"tools.{i}.function.parameters"
-            args = rules.value({"type": "object"} | params, params, where) if params is not None else '"{}"'
+            args = rules.value(arguments_schema(params, where), params, where) if params is not None else '"{}"'
             calls.append(f"{json.dumps('call:' + names.alias(tool.function.name))} {args}")
     call = rules.add(f"<[{ids['open']}]> ({' | '.join(calls)}) <[{ids['close']}]>")
     body = f"{call}+" if parallel and name is None else call

@@ -134,11 +134,15 @@ def check_size(eng: Engine, texts: list[str], param: str) -> None:
 def render_prompt(eng: Engine, call: TemplateCall, fit: bool = True) -> str:
     """The prompt a chat template writes, on the state's render threads (runtime.api.templating):
     never under the tokenizer lock, stopped at GEMMA4_RENDER_TIMEOUT_S or GEMMA4_MAX_RENDERED_CHARS, and
-    (`fit`) then checked against the context as check_size does for text sent as is."""
+    (`fit`) once it has more characters than the context can hold, then checked against the context as
+    check_size does for text sent as is."""
     limits = server_state().limits
+    # A render that can no longer fit the context stops there (a 176 KB tool schema rendered in full
+    # only to be refused).
+    fits = eng.geometry.max_prompt * chars_per_token(eng.tokenizer) if fit else limits.max_rendered_chars
     with template_errors():
         try:
-            text = server_state().templates.render(call)
+            text = server_state().templates.render(call, fits)
         except Late:
             raise APIError(
                 400,
@@ -148,6 +152,15 @@ def render_prompt(eng: Engine, call: TemplateCall, fit: bool = True) -> str:
                 code="over_limit",
             ) from None
         except RenderTooLong as exc:
+            if exc.limit < limits.max_rendered_chars:
+                raise APIError(
+                    400,
+                    f"the prompt has more than {exc.limit} characters; a prompt of this model holds at most "
+                    f"{eng.geometry.max_prompt} tokens of at most {chars_per_token(eng.tokenizer)} characters "
+                    "each; prompts are never truncated",
+                    param="messages",
+                    code="context_length_exceeded",
+                ) from None
             raise over(
                 "messages", "rendered to characters:", exc.chars, exc.limit, "GEMMA4_MAX_RENDERED_CHARS"
             ) from None

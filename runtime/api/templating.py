@@ -65,9 +65,10 @@ class Templates:
         trusted = limits.trust_request_chat_template
         self.sandboxes = Sandboxes(limits.request_template_max_memory, limits.render_threads if trusted else 0)
 
-    def render(self, call: TemplateCall) -> str:
+    def render(self, call: TemplateCall, most: int | None = None) -> str:
+        """`most`: the characters it may write, if fewer than GEMMA4_MAX_RENDERED_CHARS."""
         limits = self.limits
-        timeout_s, most = limits.render_timeout_s, limits.max_rendered_chars
+        timeout_s, most = limits.render_timeout_s, min(most or limits.max_rendered_chars, limits.max_rendered_chars)
         if call.requests_own:  # the deadline starts once its process is up (STARTUP_S at most)
             return self.threads.run(lambda: self.sandboxes.render(call, timeout_s, most), STARTUP_S + timeout_s)
         deadline = time.monotonic() + timeout_s

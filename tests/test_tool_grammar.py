@@ -5,6 +5,7 @@ validate against the tool's schema: one call of the named function, or of any to
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Literal
 
@@ -313,6 +314,8 @@ def test_schemas_past_a_cap_are_refused_naming_it(tok, limits, schema, variable)
         ({"type": "object", "properties": {"v": {"$ref": "https://example.com/s.json"}}}, "only references inside"),
         ({"type": "object", "properties": {"a:b": {"type": "integer"}}}, "cannot be written"),
         ({"type": "object", "properties": {"v": {"type": "integr"}}}, "not a JSON Schema type"),
+        ({"type": ["string", "boolean"]}, 'must be "object"'),  # arguments are an object
+        ({"type": "array"}, 'must be "object"'),
     ],
 )
 def test_schemas_the_grammar_cannot_follow_are_refused(tok, schema, words):
@@ -348,3 +351,11 @@ def test_hostile_schemas_get_a_short_refusal(tok, schema, variable):
     with pytest.raises(ChatTemplateError, match=variable) as err:
         forced_calls(tok, [tool], None, parallel=False)
     assert len(err.value.param) + len(str(err.value)) < 1024
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_parameters_listing_types_take_their_object(tok, grammars, seed):
+    schema = {"type": ["object", "boolean", "null"], "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    tool = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": schema}})
+    text = walk(tok, grammars, forced_calls(tok, [tool], "f", parallel=False), seed)
+    assert re.fullmatch(r"<\|tool_call>call:f\{a:-?[0-9]+\}<tool_call\|>", text), text

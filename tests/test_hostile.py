@@ -9,21 +9,15 @@ The drain on SIGTERM (it stops the server) is tested in test_httpworker.py."""
 from __future__ import annotations
 
 import json
-import threading
 import time
-from dataclasses import dataclass
 
 import pytest
 import requests
 
-from gemma4_port.bench.hostile import complete, probe
 from gemma4_port.bench.server import Server
+from support.hostile import KEY, MODEL, Case, Watch, assert_openai_error, send
 
-KEY = "hostile-secret-key"
-MODEL = "tiny-e2b"
-AUTH = {"Authorization": f"Bearer {KEY}"}
 RSS_BOUND = 96 << 20  # the worker's RSS after the corpus, over its RSS before it (warmed up)
-MAX_ERROR_BYTES = 2048
 TOTAL_TOKENS = 256  # GEMMA4_MAX_TOTAL_TOKENS here: the tiny model's context (64) makes the default unreachable
 
 
@@ -50,15 +44,6 @@ def completion(**fields) -> dict:
 
 def tool(name: str, parameters: dict | None = None) -> dict:
     return {"type": "function", "function": {"name": name, "parameters": parameters or {"type": "object"}}}
-
-
-@dataclass(frozen=True)
-class Case:
-    name: str
-    path: str
-    body: dict | bytes
-    status: int  # 200: served (within every limit), else the error expected
-    says: str = ""  # in the error's message (the limit's variable, or what is wrong)
 
 
 CORPUS = [
@@ -121,31 +106,6 @@ CORPUS = [
 ]
 
 
-class Watch:
-    """/health and a normal completion, one after another, for as long as the corpus runs."""
-
-    def __init__(self, server: Server):
-        self.server, self.failures, self.rounds = server, [], 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            if probe("127.0.0.1", self.server.port, timeout=5) is None:
-                self.failures.append("health")
-            if complete("127.0.0.1", self.server.port, MODEL, AUTH, max_tokens=2, timeout=30) is None:
-                self.failures.append("completion")
-            self.rounds += 1
-
-    def __enter__(self) -> Watch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join(60)
-
-
 @pytest.fixture(scope="module")
 def server(compiled, tmp_path_factory):
     env = {
@@ -156,22 +116,6 @@ def server(compiled, tmp_path_factory):
     }
     with Server(compiled("tiny-e2b", "fp32"), tmp_path_factory.mktemp("hostile-logs"), 300, env) as s:
         yield s
-
-
-def send(server: Server, case: Case) -> requests.Response:
-    data = case.body if isinstance(case.body, bytes) else json.dumps(case.body).encode()
-    headers = AUTH | {"Content-Type": "application/json"}
-    return requests.post(server.url + case.path, data=data, headers=headers, timeout=60)
-
-
-def assert_openai_error(resp: requests.Response, status: int, says: str = "") -> dict:
-    assert resp.status_code == status, resp.text[:500]
-    assert len(resp.content) < MAX_ERROR_BYTES, f"{len(resp.content)} bytes: {resp.text[:300]}"
-    error = resp.json()["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert error["type"] == {401: "authentication_error"}.get(status, "invalid_request_error")
-    assert says in error["message"], error["message"]
-    return error
 
 
 def test_the_corpus_gets_its_4xx_while_the_server_keeps_serving(server, capsys):

@@ -2,8 +2,9 @@
 timeout_s)` returns the call's result, raises what it raised, or `Late` once the deadline passes and
 `Busy` when every thread is taken and enough calls wait. A late call is not stopped (Python cannot
 stop a thread): it runs to its end on its thread, so what it may cost must be bounded where it is
-made (llguidance's fuel, a template's message count); the request that asked is answered at once,
-and at most `threads` such calls run at a time, whatever the number of requests."""
+made (llguidance's fuel; a chat render checks its own deadline, runtime.api.templating); the request
+that asked is answered at once, and at most `threads` such calls run at a time, whatever the number
+of requests."""
 
 from __future__ import annotations
 

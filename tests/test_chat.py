@@ -11,15 +11,8 @@ from typing import Literal
 import pytest
 from pydantic import BaseModel, Field
 
-from runtime.api.chat import (
-    ChatTemplateError,
-    Message,
-    Tool,
-    chat_call,
-    template_kwargs,
-    template_messages,
-    tool_names,
-)
+from runtime.api.chat import ChatTemplateError, chat_call, template_kwargs, template_messages, tool_names
+from runtime.api.chat_protocol import Message, Tool
 from runtime.api.templating import Templates
 from runtime.settings import RequestLimits
 from support.chat_server import client, engine, oai  # noqa: F401 (module-scoped fixtures)

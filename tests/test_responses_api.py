@@ -12,7 +12,7 @@ import openai
 import pytest
 from pydantic import BaseModel, Field
 
-from runtime.api.responses import chat_request
+from runtime.api.responses_input import chat_request
 from runtime.api.responses_protocol import ResponsesRequest
 from support.chat_server import client, engine, oai  # noqa: F401 (module-scoped fixtures)
 from support.http import assert_error

@@ -12,7 +12,8 @@ import psutil
 import pytest
 
 from gemma4_port.source.toy_tokenizer import train_tokenizer
-from runtime.api.chat import Message, Tool, chat_call, template_messages, tool_names
+from runtime.api.chat import chat_call, template_messages, tool_names
+from runtime.api.chat_protocol import Message, Tool
 from runtime.api.template_render import RenderTooLong, written
 from runtime.api.template_sandbox import SandboxFailed
 from runtime.api.templating import TemplateCall, Templates, template_call

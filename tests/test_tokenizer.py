@@ -228,7 +228,8 @@ def test_conversations_render_as_the_checkpoints_template_does(small, large, ref
     """OpenAI's messages, converted as the server converts them, render identically with the test
     template and the checkpoints' own (the larger checkpoints' generation prompt; E2B/E4B's differs
     only by leaving out the empty thought block there)."""
-    from runtime.api.chat import Message, template_messages, tool_names
+    from runtime.api.chat import template_messages, tool_names
+    from runtime.api.chat_protocol import Message
 
     messages = [Message.model_validate(m) for m in CONVERSATIONS[shape]]
     converted = template_messages(messages, tool_names(None, messages))

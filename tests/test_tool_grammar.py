@@ -15,7 +15,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from gemma4_port.source.toy_tokenizer import train_tokenizer
-from runtime.api.chat import ChatTemplateError, Tool
+from runtime.api.chat import ChatTemplateError
+from runtime.api.chat_protocol import Tool
 from runtime.api.reply_parser import Reasoning, ReplyParser, ToolCall
 from runtime.api.tool_grammar import forced_calls
 from runtime.api.tool_names import ToolNames

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from runtime.api.chat import Reply
+from runtime.api.chat_reply import Reply
 from runtime.api.errors import APIError
 from runtime.api.reply_parser import ReplyParser
 from runtime.generate.logprobs import TokenLogprob

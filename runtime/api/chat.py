@@ -1,4 +1,4 @@
-"""Chat requests in, the checkpoint's chat template's prompt out; a parsed reply back in OpenAI's shape.
+"""Chat requests in (chat_protocol.py), the checkpoint's chat template's prompt out.
 
 Requests: messages of every OpenAI role, `tools`, `tool_choice`, and the thinking switch
 (`chat_template_kwargs: {"enable_thinking": true}`, or `{"thinking": true}` as vLLM also accepts; the
@@ -10,120 +10,18 @@ Gemma-4 handler does, following Google's prompt-formatting guide): an assistant 
 one model message with `tool_calls` (arguments decoded from their JSON text), `tool_responses`
 (`{name, response}`, a result that is JSON text decoded) and `content`; the template leaves that turn
 open when no answer follows. Tool names Gemma's call syntax cannot carry get aliases (tool_names.py).
-Replies: `reasoning_content`, `content` and `tool_calls`, whole or as stream deltas, as vLLM's
-OpenAI server shapes them."""
+The reply goes back in OpenAI's shape from chat_reply.py."""
 
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, model_validator
 
 from contract.errors import Gemma4Error
-from runtime.api.reply_parser import Content, Piece, Reasoning, ToolCall
+from runtime.api.chat_protocol import Message, Tool, ToolChoice, ToolChoiceFunction
 from runtime.api.templating import TemplateCall, template_call
-from runtime.api.tool_names import OPENAI_NAME, ToolNames
+from runtime.api.tool_names import ToolNames
 from runtime.log_gate import shown
 from runtime.settings import RequestLimits
-
-
-def text_content(value) -> str | None:
-    """A string, None, or OpenAI's list of content parts, of which only text is supported."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
-    ):
-        return "".join(p["text"] for p in value)
-    raise ValueError('must be a string or a list of {"type": "text", "text": ...} parts (only text is supported)')
-
-
-class _Strict(BaseModel):
-    # vLLM's field policy (runtime.api.routes): known fields strictly typed, unknown ones kept aside, logged, ignored
-    model_config = ConfigDict(extra="allow", strict=True)
-
-
-class FunctionDef(_Strict):
-    name: str
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-    strict: bool | None = None
-
-    @model_validator(mode="after")
-    def _name(self):
-        if not OPENAI_NAME.fullmatch(self.name):
-            raise ValueError(f"function name {shown(self.name)}: must match ^[a-zA-Z0-9_-]{{1,64}}$ (OpenAI's rule)")
-        return self
-
-
-class Tool(_Strict):
-    type: Literal["function"]
-    function: FunctionDef
-
-
-class NamedFunction(_Strict):
-    name: str
-
-
-class ToolChoiceFunction(_Strict):
-    type: Literal["function"]
-    function: NamedFunction
-
-
-ToolChoice = Literal["none", "auto", "required"] | ToolChoiceFunction
-
-
-class FunctionCall(_Strict):
-    name: str
-    arguments: str
-
-
-class AssistantToolCall(_Strict):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class Message(_Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    name: str | None = None
-    tool_calls: list[AssistantToolCall] | None = None
-    tool_call_id: str | None = Field(default=None, validate_default=True)
-    reasoning_content: str | None = None
-    content: Annotated[str | None, PlainValidator(text_content)] = Field(default=None, validate_default=True)
-
-    @field_validator("tool_calls")
-    @classmethod
-    def _calls(cls, value, info: ValidationInfo):
-        if value and info.data.get("role") != "assistant":
-            raise ValueError("only assistant messages carry tool_calls")
-        return value
-
-    @field_validator("tool_call_id")
-    @classmethod
-    def _answers(cls, value, info: ValidationInfo):
-        if value is None and info.data.get("role") == "tool":
-            raise ValueError("a tool message needs the tool_call_id of the call it answers")
-        return value
-
-    @field_validator("content")
-    @classmethod
-    def _content(cls, value, info: ValidationInfo):
-        if value is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
-            raise ValueError("is required (only an assistant message with tool_calls may omit it)")
-        return value
-
-    def template_dict(self, where: str, names: ToolNames) -> dict:
-        out: dict = {"role": "system" if self.role == "developer" else self.role, "content": self.content or ""}
-        for i, c in enumerate(self.tool_calls or ()):
-            args = arguments(c.function.arguments, f"{where}.tool_calls.{i}")
-            out.setdefault("tool_calls", []).append(
-                {"id": c.id, "type": "function", "function": {"name": names.alias(c.function.name), "arguments": args}}
-            )
-        if self.reasoning_content is not None:
-            out["reasoning_content"] = self.reasoning_content
-        return out
 
 
 class ChatTemplateError(Gemma4Error, ValueError):
@@ -143,6 +41,19 @@ def arguments(text: str, where: str) -> dict:
     if not isinstance(value, dict):
         raise ChatTemplateError(f"{where}.function.arguments", "must be a JSON object")
     return value
+
+
+def template_dict(m: Message, where: str, names: ToolNames) -> dict:
+    """One message as the template's dict, its calls' names aliased and their arguments decoded."""
+    out: dict = {"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
+    for i, c in enumerate(m.tool_calls or ()):
+        args = arguments(c.function.arguments, f"{where}.tool_calls.{i}")
+        out.setdefault("tool_calls", []).append(
+            {"id": c.id, "type": "function", "function": {"name": names.alias(c.function.name), "arguments": args}}
+        )
+    if m.reasoning_content is not None:
+        out["reasoning_content"] = m.reasoning_content
+    return out
 
 
 SWITCH_VALUE_CHARS = 256  # a string a template switch may take
@@ -222,7 +133,7 @@ def template_messages(messages: list[Message], names: ToolNames) -> list[dict]:
             raise ChatTemplateError(
                 where, "a tool message must follow the assistant message whose tool_calls it answers"
             )
-        turn = m.template_dict(where, names)
+        turn = template_dict(m, where, names)
         out.append(turn)
         i += 1
         if not m.tool_calls:
@@ -276,42 +187,3 @@ def chat_call(
     ]
     converted = template_messages(messages, names)
     return template_call(tokenizer, converted, declared or None, True, template_kwargs(kwargs, limits))
-
-
-class Reply:
-    """The pieces of one choice, gathered into the final message; `delta` shapes one piece for a stream."""
-
-    def __init__(self):
-        self.reasoning: list[str] = []
-        self.content: list[str] = []
-        self.calls: list[ToolCall] = []
-
-    def add(self, piece: Piece) -> dict:
-        """Record a piece; returns its stream delta."""
-        if isinstance(piece, Reasoning):
-            self.reasoning.append(piece.text)
-            return {"reasoning_content": piece.text}
-        if isinstance(piece, Content):
-            self.content.append(piece.text)
-            return {"content": piece.text}
-        self.calls.append(piece)
-        return {"tool_calls": [{"index": len(self.calls) - 1} | call_json(piece)]}
-
-    def finish_reason(self, reason: str, named_tool: bool = False) -> str:
-        """`tool_calls` when the reply called a tool of its own choice (`auto`, `required`); a call forced
-        by a named `tool_choice` ends with `stop`, as OpenAI's API and vLLM (serving_chat.py:
-        is_finish_reason_tool_calls) answer it."""
-        return "tool_calls" if self.calls and reason == "stop" and not named_tool else reason
-
-    def message(self) -> dict:
-        content = "".join(self.content)
-        out: dict = {"role": "assistant", "content": content if content or not self.calls else None}
-        if self.reasoning:
-            out["reasoning_content"] = "".join(self.reasoning)
-        if self.calls:
-            out["tool_calls"] = [call_json(c) for c in self.calls]
-        return out
-
-
-def call_json(call: ToolCall) -> dict:
-    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}

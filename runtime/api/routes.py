@@ -13,7 +13,8 @@ from flask import Blueprint, jsonify, request
 from runtime.api import responses
 from runtime.api.bodies import ResponseSpec
 from runtime.api.caps import check_costs, check_messages
-from runtime.api.chat import ToolChoiceFunction, template_messages, tool_names
+from runtime.api.chat import template_messages, tool_names
+from runtime.api.chat_protocol import ToolChoiceFunction
 from runtime.api.errors import APIError
 from runtime.api.handling import (
     check_model,
@@ -30,6 +31,7 @@ from runtime.api.handling import (
     token_bytes,
 )
 from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from runtime.api.responses_input import chat_request
 from runtime.api.responses_protocol import ResponsesRequest
 from runtime.api.state import server_state
 from runtime.api.templating import template_call
@@ -88,11 +90,11 @@ def chat_completions():
 
 @bp.post("/responses")
 def create_response():
-    """OpenAI's Responses API, stateless, served by the chat pipeline (runtime.api.responses)."""
+    """OpenAI's Responses API, stateless, served by the chat pipeline (responses_input.py, responses.py)."""
     body = parse(ResponsesRequest)
     body.stateless()
     eng = ready_engine()
-    run = start_chat(eng, ChatCompletionRequest.model_validate(responses.chat_request(body)))
+    run = start_chat(eng, ChatCompletionRequest.model_validate(chat_request(body)))
     meta = responses.Meta(body, eng.model_name)
     if body.stream:
         return event_stream(responses.stream(run.job, meta, run.parser()))

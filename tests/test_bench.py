@@ -13,7 +13,9 @@ from rich.console import Console
 
 import gemma4_port.bench as bench_module
 from gemma4_port.bench import Settings, in_child, run_bench, server_env
-from gemma4_port.bench.report import (
+from gemma4_port.bench.report import print_report, write
+from gemma4_port.bench.server import imported_modules
+from gemma4_port.bench.targets import (
     BATCH_STREAMS,
     CHUNKED_P99_GOAL,
     GRAMMAR_CASE,
@@ -22,10 +24,7 @@ from gemma4_port.bench.report import (
     MEMORY_SLACK_MB,
     REUSE_TTFT_GOAL,
     SPEEDUP_GOAL,
-    print_report,
-    write,
 )
-from gemma4_port.bench.server import imported_modules
 from support.artifact_copies import with_backend
 
 QUICK = Settings(

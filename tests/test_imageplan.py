@@ -11,14 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_port.images.plan import (
-    ImageError,
-    ImageOptions,
-    pin_base,
-    plan_images,
-    render_dockerfile,
-    served_variant,
-)
+from gemma4_port.images.dockerfile import render_dockerfile
+from gemma4_port.images.plan import pin_base, plan_images, served_variant
+from gemma4_port.images.spec import ImageError, ImageOptions
 from gemma4_port.source.manifest import load_manifest
 from support import MANIFESTS, ROOT
 
@@ -83,7 +78,7 @@ def test_dockerfiles_match_golden(case):
 def test_the_images_carry_what_the_media_processors_need():
     """The server decodes images with PIL and audio with soundfile (its wheel brings libsndfile) and
     soxr, as transformers' processors and load_audio do; the images install the host's versions."""
-    from gemma4_port.images.assemble import host_requirements
+    from gemma4_port.images.project import host_requirements
 
     assert {"pillow", "soundfile", "soxr"} <= {r.split("==")[0].lower() for r in host_requirements()}
 
@@ -136,7 +131,7 @@ def test_a_slim_kind_without_a_matching_variant_is_one_clear_error():
 
 
 def test_the_base_carries_the_build_tools_and_the_load_path_not_the_server():
-    from gemma4_port.images.assemble import project_files
+    from gemma4_port.images.project import project_files
 
     base, server = map(set, project_files())
     assert {
@@ -174,7 +169,7 @@ def test_dry_run_prints_neuron_dockerfiles_without_a_daemon():
 def test_kubernetes_manifests_fit_the_slim_image():
     import yaml
 
-    from gemma4_port.images.plan import SERVER_PORT, SERVER_UID
+    from gemma4_port.images.spec import SERVER_PORT, SERVER_UID
 
     k8s = ROOT / "deploy" / "k8s"
     docs = {
@@ -268,7 +263,7 @@ def test_no_manifest_string_is_ever_shell_text():
 
 
 def test_a_build_argument_a_dockerfile_would_interpret_is_refused():
-    from gemma4_port.images.plan import build_args
+    from gemma4_port.images.dockerfile import build_args
 
     assert build_args({"A": "refs/pr/1", "B": "2.8.*"}) == 'ARG A="refs/pr/1" \\\n    B="2.8.*"'
     for value in ("main$(id)", 'x" y', "a\nRUN id", "a`b`", "a\\b"):

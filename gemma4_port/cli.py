@@ -1,4 +1,4 @@
-"""gemma4-inf2's command line: compile, verify, plan, serve, images, bench, doctor.
+"""gemma4-inf2's command line: compile, verify, plan, serve, images, bench, doctor, train-tiny.
 
 Each subcommand parses its arguments here and hands typed values to one module; errors that a
 user can fix come back as one line on stderr and exit code 2, never as a traceback. From a checkout
@@ -62,6 +62,12 @@ def _images(args) -> int:
     from gemma4_port.images.assemble import images_main
 
     return images_main(args)
+
+
+def _train_tiny(args) -> int:
+    from gemma4_port.source.train_tiny import train_tiny_main
+
+    return train_tiny_main(args)
 
 
 def _bench(args) -> int:
@@ -157,6 +163,14 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--out", help="with --dry-run: also write each rendered Dockerfile to OUT/KIND.Dockerfile")
     i.set_defaults(run=_images)
 
+    t = sub.add_parser(
+        "train-tiny",
+        help="train the tiny chat model and its drafter on the CPU (minutes; run it with nice) "
+        "and print their digests for manifests/tiny-chat.yaml",
+    )
+    t.add_argument("--out", help="folder for target/ and drafter/ (default: gemma4_port/checkpoints/tiny-chat)")
+    t.set_defaults(run=_train_tiny)
+
     b = sub.add_parser("bench", help="speed and memory side by side, as ratios")
     b.add_argument(
         "dir",
@@ -173,7 +187,13 @@ def parser() -> argparse.ArgumentParser:
         "--json",
         dest="json_out",
         help="where to write the results as JSON, with a PNG of the plots "
-        "beside it (default: artifacts/bench-SCALE.json)",
+        "beside it (default: artifacts/bench-SCALE.json; with --speculative artifacts/bench-speculative.json)",
+    )
+    b.add_argument(
+        "--speculative",
+        action="store_true",
+        help="measure speculative decoding instead: a trained pair (DIR with target/ and drafter/, default the "
+        "shipped tiny-chat) alone, with its drafter and with prompt lookup, and the predicted gain on inf2",
     )
     b.set_defaults(run=_bench)
     return p

@@ -258,8 +258,13 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
 
 
 def bench_main(args) -> int:
-    settings = SCALES[args.model_scale]
     console = build_console()
+    if args.speculative:
+        from gemma4_port.bench.speculative_report import SpecSettings, speculative_main
+
+        folder, json_out = (Path(a) if a else None for a in (args.dir, args.json_out))
+        return speculative_main(folder, json_out, console, SpecSettings())
+    settings = SCALES[args.model_scale]
     if "OMP_NUM_THREADS" not in os.environ and torch.get_num_threads() > 1:
         console.log(
             f"note: torch uses {torch.get_num_threads()} threads here and so will the servers; on a small or "

@@ -1,0 +1,144 @@
+"""`build.py bench --speculative`: speculative decoding side by side in one run, and what it predicts on inf2.
+
+Measured (speculative.py): the trained tiny-chat pair with transformers, the target alone, with its
+drafter and with prompt lookup, on held-out chat prompts and held-out code edits. Predicted
+(ops/speculation.py): each shipped manifest variant's per-stream gain on the decode roofline at the
+acceptance measured here, with the drafter (chat) and with prompt lookup (code edit)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import platform
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from gemma4_port.bench import speculative
+from gemma4_port.ops.capacity import ModelSizes
+from gemma4_port.ops.speculation import ASSUMED_DRAFTER, speculation
+from gemma4_port.source.configs import text_config_for
+from gemma4_port.source.manifest import load_manifest, shipped_manifests
+from gemma4_port.source.train_tiny import SHIPPED
+
+METHODS = ("target alone", "drafter", "prompt lookup")
+# Workload whose acceptance stands for each way of drafting in the prediction.
+PREDICTED = {"drafter": "chat", "prompt lookup": "code edit"}
+
+
+@dataclass(frozen=True)
+class SpecSettings:
+    k: int = 3
+    chats: int = 12
+    edits: int = 4
+
+
+def predictions(measured: dict, k: int) -> list[dict]:
+    """Every real (hub) manifest's variants at their smallest and largest key bucket, batch 1."""
+    rows = []
+    for path in shipped_manifests():
+        manifest = load_manifest(path)
+        if manifest.model.random is not None or manifest.model.source is None or manifest.model.digest:
+            continue  # tiny test models: their step is Python overhead, no roofline says anything of them
+        sizes = ModelSizes(text_config_for(manifest))
+        for v in manifest.variants:
+            for keys in sorted({v.key_buckets[0], v.key_buckets[-1]}):
+                for method, workload in PREDICTED.items():
+                    a = measured["workloads"][workload][method]["acceptance"]
+                    s = speculation(sizes, v, keys, k, a, drafter=method == "drafter")
+                    rows.append(
+                        {
+                            "manifest": manifest.name,
+                            "variant": v.name,
+                            "tp": v.tp,
+                            "keys": keys,
+                            "method": method,
+                            "acceptance": a,
+                            "tokens_per_round": s.tokens_per_round,
+                            "decode_ms": 1e3 * s.decode_s,
+                            "draft_ms": 1e3 * s.draft_s,
+                            "tok_s": 1 / s.decode_s,
+                            "tok_s_speculative": s.per_stream,
+                            "gain": s.gain,
+                        }
+                    )
+    return rows
+
+
+def run(folder: Path, settings: SpecSettings, console: Console) -> dict:
+    console.log(
+        f"speculative: {folder}, k={settings.k}, {settings.chats} chat and {settings.edits} code-edit prompts, "
+        "transformers greedy alone / with the drafter / with prompt lookup"
+    )
+    measured = speculative.measure(folder, settings.k, settings.chats, settings.edits)
+    return {
+        "meta": {
+            "pair": str(folder),
+            "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+            "platform": platform.platform(),
+            "torch": torch.__version__,
+            "torch_threads": torch.get_num_threads(),
+            "load_average": os.getloadavg(),
+        },
+        "measured": measured,
+        "predicted": predictions(measured, settings.k),
+        "assumptions": ASSUMED_DRAFTER,
+    }
+
+
+def _f(x: float, spec: str) -> str:
+    return "-" if x != x else format(x, spec)  # NaN (nothing proposed) as a dash
+
+
+def print_report(result: dict, console: Console) -> None:
+    m = result["measured"]
+    table = Table(title=f"tiny-chat with transformers, k = {m['k']} (side by side, one run)")
+    for col in ("workload", "method", "tokens/target step", "acceptance", "tok/s", "ms/token", "chunk gap p50 ms"):
+        table.add_column(col)
+    table.add_column("= greedy")
+    for name, rows in m["workloads"].items():
+        for method in METHODS:
+            r = rows[method]
+            table.add_row(
+                name,
+                method,
+                _f(r["tokens_per_target_step"], ".2f"),
+                _f(r["acceptance"], ".2f"),
+                _f(r["tok_s"], ".1f"),
+                _f(r["ms_per_token"], ".1f"),
+                _f(r["chunk_gap_ms"]["p50"], ".1f"),
+                "-" if r["equals_greedy"] is None else ("yes" if r["equals_greedy"] else "NO"),
+            )
+    console.print(table)
+    pred = Table(title="predicted per-stream gain on inf2 (decode roofline, batch 1) at the acceptance above")
+    for col in ("manifest", "variant", "tp", "keys", "method", "accept", "tok/round", "tok/s", "with", "gain"):
+        pred.add_column(col)
+    for r in result["predicted"]:
+        pred.add_row(
+            r["manifest"],
+            r["variant"],
+            str(r["tp"]),
+            str(r["keys"]),
+            r["method"],
+            _f(r["acceptance"], ".2f"),
+            _f(r["tokens_per_round"], ".2f"),
+            f"{r['tok_s']:.0f}",
+            f"{r['tok_s_speculative']:.0f}",
+            f"{r['gain']:.2f}x",
+        )
+    console.print(pred)
+    console.print(f"Assumptions: {result['assumptions']}. The CPU timings are transformers' eager Python, not ours.")
+
+
+def speculative_main(folder: Path | None, json_out: Path | None, console: Console, settings: SpecSettings) -> int:
+    result = run(folder or SHIPPED, settings, console)
+    out = json_out or Path("artifacts/bench-speculative.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print_report(result, console)
+    console.print(f"wrote {out}")
+    return 0

@@ -9,12 +9,20 @@ import math
 import os
 
 import pytest
+import torch
 from rich.console import Console
 
 import gemma4_port.bench as bench_module
 from gemma4_port.bench import Settings, in_child, run_bench, server_env
 from gemma4_port.bench.report import print_report, write
 from gemma4_port.bench.server import imported_modules
+from gemma4_port.bench.speculative_report import (
+    METHODS,
+    PREDICTED,
+    SpecSettings,
+    predictions,
+    speculative_main,
+)
 from gemma4_port.bench.targets import (
     BATCH_STREAMS,
     CHUNKED_P99_GOAL,
@@ -25,6 +33,12 @@ from gemma4_port.bench.targets import (
     REUSE_TTFT_GOAL,
     SPEEDUP_GOAL,
 )
+from gemma4_port.ops.capacity import ModelSizes
+from gemma4_port.ops.speculation import speculation
+from gemma4_port.source.configs import text_config_for
+from gemma4_port.source.manifest import load_manifest
+from gemma4_port.source.train_tiny import SHIPPED
+from support import MANIFESTS
 from support.artifact_copies import with_backend
 
 QUICK = Settings(
@@ -207,3 +221,63 @@ def test_import_log_parser():
         "[INFO] Booting worker with pid: 7\n"
     )
     assert imported_modules(log) == {"imported package", "transformers.modeling_utils"}
+
+
+# -- speculative decoding (build.py bench --speculative) ----------------------------------------------
+
+SPEC_QUICK = SpecSettings(k=2, chats=1, edits=1, chat_tokens=8, edit_tokens=8, manifests=("gemma-4-e2b",))
+
+
+@pytest.fixture(scope="module")
+def speculative_bench(tmp_path_factory):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # transformers' tiny eager steps: a thread pool only stalls on a busy host
+    out = tmp_path_factory.mktemp("spec") / "spec.json"
+    console = Console(width=200, record=True)
+    try:
+        assert speculative_main(SHIPPED, out, console, SPEC_QUICK) == 0
+    finally:
+        torch.set_num_threads(threads)
+    return json.loads(out.read_text()), console.export_text()
+
+
+def test_the_speculative_bench_measures_every_method_side_by_side(speculative_bench):
+    result, text = speculative_bench
+    assert result["meta"]["settings"]["k"] == SPEC_QUICK.k
+    for name in ("chat", "code edit"):
+        rows = result["measured"]["workloads"][name]
+        assert set(rows) == set(METHODS)
+        alone = rows["target alone"]
+        assert alone["proposed"] == 0 and alone["new_tokens"] == alone["target_passes"]
+        for method, row in rows.items():
+            assert row["prompts"] == 1 and 0 < row["new_tokens"] <= 8
+            assert row["tokens_per_target_step"] == row["new_tokens"] / row["target_passes"]
+            assert row["accepted"] == row["new_tokens"] - row["target_passes"]
+            if method != "target alone":
+                assert row["equals_greedy"] is True
+                assert 0 <= row["accepted"] <= row["proposed"] <= SPEC_QUICK.k * row["target_passes"]
+    assert "tiny-chat with transformers" in text and "predicted per-stream gain on inf2" in text
+
+
+def test_the_prediction_covers_every_variant_asked_for_at_the_measured_acceptance(speculative_bench):
+    result, _ = speculative_bench
+    measured = result["measured"]["workloads"]
+    predicted = result["predicted"]
+    assert {r["manifest"] for r in predicted} == set(SPEC_QUICK.manifests)
+    for name in SPEC_QUICK.manifests:
+        manifest = load_manifest(MANIFESTS / f"{name}.yaml")
+        sizes = ModelSizes(text_config_for(manifest))
+        for v in manifest.variants:
+            rows = [r for r in predicted if (r["manifest"], r["variant"]) == (name, v.name)]
+            assert {(r["keys"], r["method"]) for r in rows} == {
+                (keys, method) for keys in (v.key_buckets[0], v.key_buckets[-1]) for method in PREDICTED
+            }
+            for r in rows:
+                a = measured[PREDICTED[r["method"]]][r["method"]]["acceptance"]
+                s = speculation(sizes, v, r["keys"], SPEC_QUICK.k, a, drafter=r["method"] == "drafter")
+                assert r["acceptance"] == a and r["gain"] == pytest.approx(s.gain)
+                for ref, gain in r["gain_at"].items():
+                    at = speculation(sizes, v, r["keys"], SPEC_QUICK.k, float(ref), drafter=r["method"] == "drafter")
+                    assert gain == pytest.approx(at.gain)
+    # The tiny models' steps are Python overhead: no roofline is predicted for them.
+    assert predictions(result["measured"], SPEC_QUICK.k, ("tiny-e2b", "tiny-chat", "small-e2b")) == []

@@ -93,7 +93,7 @@ class Workload:
     max_new_tokens: int
 
 
-def workloads(tok, spec: TinyChatSpec, chats: int, edits: int) -> tuple[Workload, Workload]:
+def workloads(tok, spec: TinyChatSpec, chats: int, edits: int, new_tokens: tuple[int, int]) -> tuple[Workload, ...]:
     """Held-out chat prompts and held-out code-edit prompts, tokenized as the server would."""
     training = tiny_corpus.conversations(spec.seed, spec.conversations)
     chat = tiny_corpus.held_out(spec.held_out_seed, chats, training, tok)
@@ -104,7 +104,7 @@ def workloads(tok, spec: TinyChatSpec, chats: int, edits: int) -> tuple[Workload
             tuple(tok(tiny_corpus.render_prompt(tok, c), add_special_tokens=False)["input_ids"]) for c in convs
         )
 
-    return Workload("chat", ids(chat), 48), Workload("code edit", ids(edit), 160)
+    return Workload("chat", ids(chat), new_tokens[0]), Workload("code edit", ids(edit), new_tokens[1])
 
 
 def measure_method(target, work: Workload, eos: set[int], greedy: list[list[int]] | None, **speculation) -> dict:
@@ -146,8 +146,11 @@ def load_pair(folder: Path, k: int):
     return target, drafter
 
 
-def measure(folder: Path, k: int, chats: int, edits: int, spec: TinyChatSpec | None = None) -> dict:
-    """Every workload with the target alone, with the drafter and with prompt lookup, each drafting k."""
+def measure(
+    folder: Path, k: int, chats: int, edits: int, new_tokens: tuple[int, int], spec: TinyChatSpec | None = None
+) -> dict:
+    """Every workload with the target alone, with the drafter and with prompt lookup, each drafting k;
+    at most `new_tokens` (chat, code edit) per prompt."""
     from contract.tokenizer import load_tokenizer
 
     spec = spec or TinyChatSpec()
@@ -155,7 +158,7 @@ def measure(folder: Path, k: int, chats: int, edits: int, spec: TinyChatSpec | N
     tok = load_tokenizer(folder / "target")
     eos = set(target.generation_config.eos_token_id or [])
     out: dict = {"k": k, "workloads": {}}
-    for work in workloads(tok, spec, chats, edits):
+    for work in workloads(tok, spec, chats, edits, new_tokens):
         plain = measure_method(target, work, eos, None)
         rows = {"target alone": plain}
         rows["drafter"] = measure_method(target, work, eos, plain["outputs"], assistant_model=drafter)

@@ -11,7 +11,7 @@ import datetime
 import json
 import os
 import platform
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -22,12 +22,14 @@ from gemma4_port.bench import speculative
 from gemma4_port.ops.capacity import ModelSizes
 from gemma4_port.ops.speculation import ASSUMED_DRAFTER, speculation
 from gemma4_port.source.configs import text_config_for
-from gemma4_port.source.manifest import load_manifest, shipped_manifests
+from gemma4_port.source.manifest import is_hub_id, load_manifest, shipped_manifests
 from gemma4_port.source.train_tiny import SHIPPED
 
 METHODS = ("target alone", "drafter", "prompt lookup")
 # Workload whose acceptance stands for each way of drafting in the prediction.
 PREDICTED = {"drafter": "chat", "prompt lookup": "code edit"}
+# Acceptances the prediction is also given at: a tiny model's drafts say little of a real drafter's.
+REFERENCE_ACCEPTANCE = (0.5, 0.7)
 
 
 @dataclass(frozen=True)
@@ -35,21 +37,29 @@ class SpecSettings:
     k: int = 3
     chats: int = 12
     edits: int = 4
+    chat_tokens: int = 48  # at most, per chat prompt (an answer ends sooner, at <turn|>)
+    edit_tokens: int = 160  # at most, per code edit (the whole function again)
+    manifests: tuple[str, ...] | None = None  # the shipped manifests to predict for; default: every hub model's
 
 
-def predictions(measured: dict, k: int) -> list[dict]:
-    """Every real (hub) manifest's variants at their smallest and largest key bucket, batch 1."""
+def predictions(measured: dict, k: int, names: tuple[str, ...] | None = None) -> list[dict]:
+    """The real (hub) manifests' variants (those `names`, default all) at their smallest and largest
+    key bucket, batch 1."""
     rows = []
     for path in shipped_manifests():
+        if names is not None and path.stem not in names:
+            continue
         manifest = load_manifest(path)
-        if manifest.model.random is not None or manifest.model.source is None or manifest.model.digest:
-            continue  # tiny test models: their step is Python overhead, no roofline says anything of them
+        if manifest.model.source is None or not is_hub_id(manifest.model.source):
+            continue  # the tiny models: their step is Python overhead, no roofline says anything of them
         sizes = ModelSizes(text_config_for(manifest))
         for v in manifest.variants:
             for keys in sorted({v.key_buckets[0], v.key_buckets[-1]}):
                 for method, workload in PREDICTED.items():
                     a = measured["workloads"][workload][method]["acceptance"]
-                    s = speculation(sizes, v, keys, k, a, drafter=method == "drafter")
+                    drafter = method == "drafter"
+                    s = speculation(sizes, v, keys, k, a, drafter=drafter)
+                    at = {str(r): speculation(sizes, v, keys, k, r, drafter=drafter).gain for r in REFERENCE_ACCEPTANCE}
                     rows.append(
                         {
                             "manifest": manifest.name,
@@ -64,6 +74,7 @@ def predictions(measured: dict, k: int) -> list[dict]:
                             "tok_s": 1 / s.decode_s,
                             "tok_s_speculative": s.per_stream,
                             "gain": s.gain,
+                            "gain_at": at,
                         }
                     )
     return rows
@@ -74,7 +85,8 @@ def run(folder: Path, settings: SpecSettings, console: Console) -> dict:
         f"speculative: {folder}, k={settings.k}, {settings.chats} chat and {settings.edits} code-edit prompts, "
         "transformers greedy alone / with the drafter / with prompt lookup"
     )
-    measured = speculative.measure(folder, settings.k, settings.chats, settings.edits)
+    new_tokens = (settings.chat_tokens, settings.edit_tokens)
+    measured = speculative.measure(folder, settings.k, settings.chats, settings.edits, new_tokens)
     return {
         "meta": {
             "pair": str(folder),
@@ -83,9 +95,10 @@ def run(folder: Path, settings: SpecSettings, console: Console) -> dict:
             "torch": torch.__version__,
             "torch_threads": torch.get_num_threads(),
             "load_average": os.getloadavg(),
+            "settings": asdict(settings),
         },
         "measured": measured,
-        "predicted": predictions(measured, settings.k),
+        "predicted": predictions(measured, settings.k, settings.manifests),
         "assumptions": ASSUMED_DRAFTER,
     }
 
@@ -117,6 +130,8 @@ def print_report(result: dict, console: Console) -> None:
     pred = Table(title="predicted per-stream gain on inf2 (decode roofline, batch 1) at the acceptance above")
     for col in ("manifest", "variant", "tp", "keys", "method", "accept", "tok/round", "tok/s", "with", "gain"):
         pred.add_column(col)
+    for a in REFERENCE_ACCEPTANCE:
+        pred.add_column(f"gain at {a}")
     for r in result["predicted"]:
         pred.add_row(
             r["manifest"],
@@ -129,6 +144,7 @@ def print_report(result: dict, console: Console) -> None:
             f"{r['tok_s']:.0f}",
             f"{r['tok_s_speculative']:.0f}",
             f"{r['gain']:.2f}x",
+            *(f"{r['gain_at'][str(a)]:.2f}x" for a in REFERENCE_ACCEPTANCE),
         )
     console.print(pred)
     console.print(f"Assumptions: {result['assumptions']}. The CPU timings are transformers' eager Python, not ours.")

@@ -46,12 +46,13 @@ def drafter_config(target: dict, hidden: int, intermediate: int, heads: int, lay
 
 
 def draft_masks(seq: int, window: int) -> dict[str, torch.Tensor]:
-    """Query i (position i + 1) attends to keys 0..i, the last `window` of them on sliding layers
-    (True = attend): what the generator's bidirectional masks give a single query over the cache."""
+    """Query i (position i + 1) attends to keys 0..i, the last `window` + 1 of them on sliding layers
+    (True = attend): what the generator's bidirectional masks give a single query over the cache
+    (transformers' bidirectional window is inclusive: distance <= window)."""
     q = torch.arange(seq - 1)[:, None]
     k = torch.arange(seq)[None, :]
     full = k <= q
-    sliding = full & (k > q - window)
+    sliding = full & (k >= q - window)
     return {FULL: full[None, None], SLIDING: sliding[None, None]}  # (1, 1, seq - 1, seq)
 
 

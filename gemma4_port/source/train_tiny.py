@@ -34,9 +34,9 @@ class TinyChatSpec:
     held_out_seed: int = 1  # the acceptance prompts' seed (tiny_corpus.held_out)
     seq: int = 256  # an edit's request and answer fit one row
     batch: int = 8
-    target_steps: int = 160
+    target_steps: int = 320
     target_lr: float = 4e-3
-    drafter_steps: int = 80
+    drafter_steps: int = 100
     drafter_lr: float = 3e-3
     draft_steps: int = 3  # draft rounds unrolled in training (and the generation config's num_assistant_tokens)
 

@@ -32,9 +32,8 @@ def test_every_argument_and_option_has_help():
 
 
 def test_the_readme_command_table_lists_every_option():
-    rows = {
-        m[1]: m[2] for m in re.finditer(r"^\| `python build\.py ([\w-]+)(.*?)` \|", (ROOT / "README.md").read_text(), re.M)
-    }
+    readme = (ROOT / "README.md").read_text()
+    rows = {m[1]: m[2] for m in re.finditer(r"^\| `python build\.py ([\w-]+)(.*?)` \|", readme, re.M)}
     assert set(rows) == set(commands()), sorted(rows)
     missing = [
         f"{name} {opt}"

@@ -43,6 +43,8 @@ def test_the_wheel_carries_its_data_and_runs_outside_the_checkout(tmp_path):
     }
     assert "gemma4_port/manifests/toolchain.yaml" in shipped and "gemma4_port/source/chat_template.jinja" in shipped
     assert shipped <= names, sorted(shipped - names)
+    checkpoint = {p.relative_to(ROOT).as_posix() for p in (ROOT / "gemma4_port/checkpoints").rglob("*") if p.is_file()}
+    assert "gemma4_port/checkpoints/tiny-chat/target/model.safetensors" in checkpoint and checkpoint <= names
     assert scripts["console_scripts"]["gemma4-inf2"] == "gemma4_port.cli:main"
     work = tmp_path / "elsewhere"
     work.mkdir()

@@ -36,8 +36,8 @@ class TinyChatSpec:
     batch: int = 8
     target_steps: int = 320
     target_lr: float = 4e-3
-    drafter_steps: int = 100
-    drafter_lr: float = 3e-3
+    drafter_steps: int = 200
+    drafter_lr: float = 5e-3
     draft_steps: int = 3  # draft rounds unrolled in training (and the generation config's num_assistant_tokens)
 
     def target_config(self) -> dict:

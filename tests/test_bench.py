@@ -34,7 +34,7 @@ from gemma4_port.bench.targets import (
     SPEEDUP_GOAL,
 )
 from gemma4_port.ops.capacity import ModelSizes
-from gemma4_port.ops.speculation import speculation
+from gemma4_port.ops.speculative_gain import speculation
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
 from gemma4_port.source.train_tiny import SHIPPED

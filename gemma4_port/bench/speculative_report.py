@@ -2,7 +2,7 @@
 
 Measured (speculative.py): the trained tiny-chat pair with transformers, the target alone, with its
 drafter and with prompt lookup, on held-out chat prompts and held-out code edits. Predicted
-(ops/speculation.py): each shipped manifest variant's per-stream gain on the decode roofline at the
+(ops/speculative_gain.py): each shipped manifest variant's per-stream gain on the decode roofline at the
 acceptance measured here, with the drafter (chat) and with prompt lookup (code edit)."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from rich.table import Table
 
 from gemma4_port.bench import speculative
 from gemma4_port.ops.capacity import ModelSizes
-from gemma4_port.ops.speculation import ASSUMED_DRAFTER, speculation
+from gemma4_port.ops.speculative_gain import ASSUMED_DRAFTER, speculation
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import is_hub_id, load_manifest, shipped_manifests
 from gemma4_port.source.train_tiny import SHIPPED

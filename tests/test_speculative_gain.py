@@ -1,10 +1,10 @@
-"""The speculative gain on the decode roofline (ops/speculation.py), on the real E2B config."""
+"""The speculative gain on the decode roofline (ops/speculative_gain.py), on the real E2B config."""
 
 import pytest
 
 from gemma4_port.ops.capacity import ModelSizes
 from gemma4_port.ops.roofline import CORE_BYTES_PER_S, roofline
-from gemma4_port.ops.speculation import Speculation, drafter_step_bytes, speculation
+from gemma4_port.ops.speculative_gain import Speculation, drafter_step_bytes, speculation
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
 from support import MANIFESTS

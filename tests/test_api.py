@@ -390,8 +390,8 @@ def test_n_choices_take_turns_on_a_single_slot(client):
 
 
 def test_a_forced_grammar_compiles_and_refuses_a_second_constraint(engine):
-    from runtime.api.errors import APIError
     from runtime.api.handling import compile_grammar
+    from runtime.api.openai_errors import APIError
     from runtime.api.protocol import ChatCompletionRequest
     from runtime.generate.grammar import Grammar, GrammarMatcher
 

@@ -10,7 +10,8 @@ import subprocess
 
 import pytest
 
-from gemma4_port.bench.server import ROOT, Server
+from gemma4_port.bench.server import Server
+from support import ROOT
 
 OUTPUT_TOKENS = 16
 

@@ -20,8 +20,7 @@ import requests
 
 from contract.artifact import load_meta
 from contract.tokenizer import load_tokenizer
-from gemma4_port.bench.server import Server as ServedArtifact
-from gemma4_port.bench.server import free_port
+from gemma4_port.bench.server import Server, free_port
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from support import ROOT
 
@@ -31,7 +30,7 @@ STEPS = 12
 CHATS = ("Write a haiku.", "Capital of Italy?")
 
 
-class Server(ServedArtifact):
+class KeyedServer(Server):
     """The server as a user starts it, with an API key, a small queue and a body limit."""
 
     def __init__(self, artifact: Path, logs: Path):
@@ -66,7 +65,7 @@ class Server(ServedArtifact):
 @pytest.fixture(scope="module")
 def servers(compiled, tmp_path_factory):
     logs = tmp_path_factory.mktemp("serve-logs")
-    started = {v: Server(compiled("tiny-e2b", v), logs / v).start() for v in ("fp32", "b4")}
+    started = {v: KeyedServer(compiled("tiny-e2b", v), logs / v).start() for v in ("fp32", "b4")}
     try:
         for server in started.values():
             server.wait_ready()
@@ -324,7 +323,7 @@ def test_serve_on_a_port_in_use_is_one_line(compiled):
 
 @pytest.fixture(scope="module")
 def long_server(compiled, tmp_path_factory):
-    server = Server(compiled("tiny-e2b", "chunks"), tmp_path_factory.mktemp("serve-long")).start()
+    server = KeyedServer(compiled("tiny-e2b", "chunks"), tmp_path_factory.mktemp("serve-long")).start()
     try:
         server.wait_ready()
         yield server

@@ -1,11 +1,13 @@
 """The package as a wheel: it carries the manifests, the Dockerfile templates and the chat template,
 declares the `gemma4-inf2` console script, and runs a command from the unpacked wheel outside the
-checkout."""
+checkout: `plan`, the project's facts the images read (from the wheel's own metadata), and `images`,
+which needs build.py from a checkout and says so."""
 
 import configparser
 import os
 import subprocess
 import sys
+import tomllib
 import zipfile
 
 from support import ROOT
@@ -61,3 +63,24 @@ def test_the_wheel_carries_its_data_and_runs_outside_the_checkout(tmp_path):
         timeout=300,
     )
     assert run.returncode == 0 and "fp32" in run.stdout, run.stderr[-2000:]
+    facts = (
+        "from gemma4_port import checkout; from gemma4_port.images.project import project; p = project(); "
+        "print(checkout(), p.version, sorted(d.split('>')[0].split('=')[0] for d in p.dependencies))"
+    )
+    about = subprocess.run([sys.executable, "-c", facts], cwd=work, env=env, capture_output=True, text=True, timeout=60)
+    assert about.returncode == 0, about.stderr[-2000:]
+    none, version, deps = about.stdout.split(" ", 2)
+    assert none == "None" and version == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    # installed, not a checkout: the wheel's METADATA speaks
+    assert all(f"'{name}'" in deps for name in ("flask", "llguidance", "soundfile")), deps
+    images = subprocess.run(
+        [sys.executable, "-m", "gemma4_port", "images", "tiny-e2b", "--dry-run"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    said = images.stdout + images.stderr
+    assert images.returncode != 0 and "build.py" in said and "from a checkout" in said, said[-2000:]
+    assert "Traceback" not in said

@@ -38,7 +38,7 @@ from gemma4_port.bench import (
     targets,
     throughput,
 )
-from gemma4_port.bench.errors import BenchError
+from gemma4_port.bench.bench_error import BenchError
 from gemma4_port.bench.server import Server
 from gemma4_port.console import console as build_console
 from gemma4_port.source.manifest import Manifest, Variant, load_manifest, parse_manifest

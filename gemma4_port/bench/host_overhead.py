@@ -17,7 +17,7 @@ import torch
 from contract.dtypes import DTYPES
 from contract.greedy import softcap
 from contract.hostside import HostInputs
-from gemma4_port import MANIFESTS, ROOT
+from gemma4_port import MANIFESTS
 from gemma4_port.bench.stats import summary
 from gemma4_port.compile.tracing import geometry
 from gemma4_port.port.sharding import shard_model
@@ -141,7 +141,7 @@ def measure(tokenizer, steps: int, seed: int = 0) -> dict:
             "dtype": geo.dtype,
             "kv_max": geo.kv_max,
             "batch": geo.batch,
-            "source": str(REAL_MANIFEST.relative_to(ROOT)),
+            "source": f"gemma4_port/manifests/{REAL_MANIFEST.name}",
         },
         "steps": steps,
         "device_step_ms": DEVICE_STEP_MS,

@@ -21,7 +21,7 @@ from pathlib import Path
 import requests
 
 from contract.artifact import load_meta
-from gemma4_port.bench.errors import BenchError
+from gemma4_port.bench.bench_error import BenchError
 from gemma4_port.bench.server import Server
 from gemma4_port.bench.stats import ratio, summary
 

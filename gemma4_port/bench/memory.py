@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from contract.artifact import HOST_TABLES, ArtifactMeta
-from gemma4_port import ROOT
-from gemma4_port.bench.errors import BenchError
+from gemma4_port import child_env
+from gemma4_port.bench.bench_error import BenchError
 from gemma4_port.bench.server import MODEL_MODULE
 
 MB = 1 << 20
@@ -49,7 +49,7 @@ def checkpoint_bytes(ckpt: Path) -> int:
 def transformers_process(ckpt: Path, dtype: str) -> dict:
     """A process that loads the full checkpoint as a transformers model, at the artifact's dtype."""
     code = _CHILD.format(ckpt=str(ckpt), dtype=dtype, module=MODEL_MODULE)
-    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True)
     if done.returncode != 0:
         raise BenchError(f"the transformers memory probe failed: {done.stderr.strip().splitlines()[-1:]}")
     out = json.loads(done.stdout.strip().splitlines()[-1])

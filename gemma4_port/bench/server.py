@@ -8,7 +8,6 @@ if it was not, no transformers model object can exist in the server."""
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import socket
 import subprocess
@@ -19,8 +18,8 @@ from pathlib import Path
 import psutil
 import requests
 
-from gemma4_port import ROOT
-from gemma4_port.bench.errors import BenchError
+from gemma4_port import child_env
+from gemma4_port.bench.bench_error import BenchError
 
 MODEL_MODULE = "transformers.modeling_utils"
 IMPORT_LOG_PREFIX = "import time:"
@@ -81,7 +80,8 @@ class Server:
     def start(self) -> Server:
         cmd = [
             sys.executable,
-            str(ROOT / "build.py"),
+            "-m",
+            "gemma4_port",
             "serve",
             str(self.folder),
             "--host",
@@ -89,10 +89,10 @@ class Server:
             "--port",
             str(self.port),
         ]
-        env = os.environ | {"PYTHONPROFILEIMPORTTIME": "1", "PYTHONUNBUFFERED": "1"} | self.env
+        env = child_env() | {"PYTHONPROFILEIMPORTTIME": "1", "PYTHONUNBUFFERED": "1"} | self.env
         self._started = time.perf_counter()
         with open(self.stdout_path, "wb") as out, open(self.stderr_path, "wb") as err:
-            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err)
+            self.proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=err)
         return self
 
     def wait_ready(self) -> None:

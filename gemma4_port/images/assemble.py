@@ -8,7 +8,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from gemma4_port import ROOT
 from gemma4_port.console import console as build_console
 from gemma4_port.images.dockerfile import render_dockerfile
 from gemma4_port.images.host_inputs import host_inputs, stage_context
@@ -95,7 +94,7 @@ def images_main(args) -> int:
             for path in write_dockerfiles(specs, Path(args.out)):
                 out.print(f"wrote {path}", highlight=False)
         return 0
-    missing = [f for f in SERVER_ENTRY if not (ROOT / f).is_file()]
+    missing = [f for f in SERVER_ENTRY if f not in server_files]
     if missing and any(s.kind in SLIM_TP for s in specs):
         raise ImageError(f"plan: {', '.join(missing)} missing: the slim images run `python -m runtime.serve`")
 

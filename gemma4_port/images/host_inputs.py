@@ -14,8 +14,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from gemma4_port import ROOT
 from gemma4_port.images.plan import python_requirements
+from gemma4_port.images.project import code_file
 from gemma4_port.images.spec import ImageError, ImageOptions, ImageSpec
 from gemma4_port.source.manifest import Manifest
 
@@ -128,7 +128,7 @@ def stage_context(spec: ImageSpec, dockerfile: str, folder: Path, sources: dict[
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
     for dest, what in spec.context:
-        src = ROOT / what.removeprefix("code:") if what.startswith("code:") else sources[what]
+        src = code_file(what.removeprefix("code:")) if what.startswith("code:") else sources[what]
         _link_tree(src, folder / dest)
     (folder / "Dockerfile").write_text(dockerfile)
     return folder

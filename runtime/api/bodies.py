@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.api.chat_reply import Reply
-from runtime.api.errors import APIError
+from runtime.api.openai_errors import APIError
 from runtime.api.reply_parser import ReplyParser
 from runtime.generate.logprobs import TokenLogprob
 from runtime.generate.sequence import Delta, Failed, Finished, Job

@@ -5,7 +5,7 @@ Each refusal names the field, the request's figure, the cap and its variable."""
 
 from __future__ import annotations
 
-from runtime.api.errors import APIError
+from runtime.api.openai_errors import APIError
 from runtime.settings import RequestLimits
 
 

@@ -21,7 +21,7 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from runtime.api.bodies import ResponseSpec, stream, whole
 from runtime.api.caps import check_costs, check_total, default_budget, over
 from runtime.api.chat import ChatTemplateError, chat_call, template_kwargs, tool_names
-from runtime.api.errors import APIError
+from runtime.api.openai_errors import APIError
 from runtime.api.protocol import ChatCompletionRequest, GenerationRequest, StreamOptions, ignored_fields
 from runtime.api.reply_parser import ReplyParser
 from runtime.api.state import server_state

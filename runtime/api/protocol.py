@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
 from runtime.api.chat_protocol import Message, Tool, ToolChoice
-from runtime.api.errors import APIError
+from runtime.api.openai_errors import APIError
 from runtime.generate.grammar import Grammar
 from runtime.generate.logits import Controls
 from runtime.generate.sampling import SamplingParams

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.api.bodies import engine_failure
-from runtime.api.errors import APIError
+from runtime.api.openai_errors import APIError
 from runtime.api.reply_parser import Content, Piece, Reasoning, ReplyParser, ToolCall
 from runtime.api.responses_protocol import NamedFunction, ResponsesRequest
 from runtime.generate.sequence import Delta, Failed, Job

@@ -4,7 +4,7 @@ items as chat messages, and tools, tool_choice, text.format and reasoning as the
 
 from __future__ import annotations
 
-from runtime.api.errors import APIError
+from runtime.api.openai_errors import APIError
 from runtime.api.responses_protocol import (
     FunctionCallItem,
     FunctionCallOutputItem,

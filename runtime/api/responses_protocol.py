@@ -13,7 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Discriminator, Field, Tag
 
-from runtime.api.errors import APIError
+from runtime.api.openai_errors import APIError
 from runtime.api.protocol import LenientModel
 
 

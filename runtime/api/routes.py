@@ -15,7 +15,6 @@ from runtime.api.bodies import ResponseSpec
 from runtime.api.caps import check_costs, check_messages
 from runtime.api.chat import template_messages, tool_names
 from runtime.api.chat_protocol import ToolChoiceFunction
-from runtime.api.errors import APIError
 from runtime.api.handling import (
     check_model,
     check_size,
@@ -30,6 +29,7 @@ from runtime.api.handling import (
     template_errors,
     token_bytes,
 )
+from runtime.api.openai_errors import APIError
 from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from runtime.api.responses_input import chat_request
 from runtime.api.responses_protocol import ResponsesRequest

@@ -9,8 +9,8 @@ from flask import Flask, Response, jsonify, request
 from flask.json.provider import DefaultJSONProvider
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from runtime.api import errors
-from runtime.api.errors import APIError
+from runtime.api import openai_errors
+from runtime.api.openai_errors import APIError
 from runtime.api.routes import bp as openai_bp
 from runtime.api.routes import vllm_bp
 from runtime.api.state import OPEN_PATHS, ServerState, install
@@ -27,7 +27,7 @@ def create_app(config: ServerSettings, engine: Engine | None = None) -> Flask:
     eng = engine or Engine(config).start()
     state = ServerState(eng, config.requests)
     install(app, state)
-    errors.register(app)
+    openai_errors.register(app)
     app.register_blueprint(openai_bp)
     app.register_blueprint(vllm_bp)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from http import HTTPStatus
 
-from runtime.api.errors import APIError
+from runtime.api.openai_errors import APIError
 from runtime.api.state import OPEN_PATHS
 
 MAX_HEAD_BYTES = 64 * 1024  # beyond this gunicorn's own parser names the limit (414 / 431)

@@ -16,9 +16,10 @@ from contract.files import read_parsed
 from contract.graph_key import prefill_keys
 from contract.typed import Frozen
 
-ARTIFACT_FORMAT = 6  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill;
+ARTIFACT_FORMAT = 7  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill;
 # 4: a self-digest, golden steps with the reference's best logits; 5: key buckets for prefill too
-# (graphs prefill_<C>_<T>; geometry.key_buckets, was decode_buckets); 6: copy_<T> graphs for a fork
+# (graphs prefill_<C>_<T>; geometry.key_buckets, was decode_buckets); 6: copy_<T> graphs for a fork;
+# 7: geometry.vision (vision_<N> encoder graphs), pad_id and the bidirectional vision rule
 HOST_TABLES = "host/tables.safetensors"
 
 
@@ -29,6 +30,30 @@ class ArtifactError(Gemma4Error, RuntimeError):
 class Rope(Frozen):
     head_dim: int
     inv_freq: tuple[float, ...]
+
+
+class VisionGeometry(Frozen):
+    """The image encoder's shapes: what the host needs to turn the processor's patches into a
+    vision graph's inputs (contract/media_inputs.py)."""
+
+    patch_size: int
+    pooling_kernel: int  # k: k x k patches pool into one soft token
+    width: int  # the tower's hidden size
+    head_dim: int
+    rope_theta: float  # axial RoPE over (x, y) patch coordinates
+    max_soft_tokens: int  # the processor's budget per image (its max_soft_tokens)
+    soft_buckets: tuple[int, ...]  # one graph per entry, of entry x k^2 patches; the last = max_soft_tokens
+
+    @property
+    def patches_per_token(self) -> int:
+        return self.pooling_kernel**2
+
+    def bucket_for(self, soft_tokens: int) -> int:
+        """The smallest soft-token bucket that holds an image of `soft_tokens`."""
+        for n in self.soft_buckets:
+            if soft_tokens <= n:
+                return n
+        raise ValueError(f"an image of {soft_tokens} soft tokens is over this model's budget of {self.max_soft_tokens}")
 
 
 class Geometry(Frozen):
@@ -54,6 +79,14 @@ class Geometry(Frozen):
     tp: int
     prefill: Literal["device", "host"]  # where a prompt runs (host: a CPU graph of the whole model)
     inputs: dict[str, tuple[str, ...]]  # graph -> input names, in call order
+    pad_id: int = 0  # a soft token's placeholder looks up this row (word and PLE tables)
+    # The checkpoint's soft-token placeholders by kind (image, audio, video): never text, each stands
+    # for one soft token of a media item the runner is given.
+    placeholders: dict[str, int] = {}
+    vision: VisionGeometry | None = None  # the image encoder, on a model with one
+    # Where the text config's use_bidirectional_attention is "vision": an image's soft tokens see
+    # each other both ways on sliding layers (global layers stay causal).
+    bidirectional_vision: bool = False
 
     @property
     def kv_max(self) -> int:

@@ -1,7 +1,7 @@
-"""A traced graph's key: which graph (prefill, decode or a fork's copy) at which bucket sizes. The
-build traces and names the graphs by it, artifact.json and the Neuron layout list them by its text
-(prefill_<C>_<T>, decode_<T>, copy_<T>), and the server finds the graph for a call by it: one type,
-built and parsed here."""
+"""A traced graph's key: which graph (prefill, decode, a fork's copy, or an image's encoder) at which
+bucket sizes. The build traces and names the graphs by it, artifact.json and the Neuron layout list
+them by its text (prefill_<C>_<T>, decode_<T>, copy_<T>, vision_<N>), and the server finds the graph
+for a call by it: one type, built and parsed here."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ from typing import Literal
 
 from contract.errors import Gemma4Error
 
-GraphKind = Literal["prefill", "decode", "copy"]
-_TEXT = re.compile(r"(prefill)_([1-9][0-9]*)_([1-9][0-9]*)|(decode|copy)_([1-9][0-9]*)")
+GraphKind = Literal["prefill", "decode", "copy", "vision"]
+_TEXT = re.compile(r"(prefill)_([1-9][0-9]*)_([1-9][0-9]*)|(decode|copy|vision)_([1-9][0-9]*)")
 
 
 class GraphKeyError(Gemma4Error, ValueError):
@@ -21,7 +21,9 @@ class GraphKeyError(Gemma4Error, ValueError):
 
 @dataclass(frozen=True)
 class GraphKey:
-    """kind over `keys` cache positions (the key bucket T); a prefill also has its chunk bucket C."""
+    """kind over `keys` cache positions (the key bucket T); a prefill also has its chunk bucket C.
+    An encoder (vision) reads no cache: its `keys` are the soft tokens it makes (its patch bucket over
+    the pooling kernel's k^2)."""
 
     kind: GraphKind
     keys: int
@@ -44,22 +46,29 @@ class GraphKey:
         return cls("copy", keys)
 
     @classmethod
+    def vision(cls, soft_tokens: int) -> GraphKey:
+        return cls("vision", soft_tokens)
+
+    @classmethod
     def parse(cls, text: str) -> GraphKey:
         """ "prefill_128_2048" -> a chunk of 128 over 2,048 keys; "decode_2048" -> one token per slot
         over 2,048 keys; "copy_2048" -> a slot's first 2,048 positions into another."""
         m = _TEXT.fullmatch(text)
         if m is None:
-            raise GraphKeyError(f"{text!r} is not a graph name: prefill_<chunk>_<keys>, decode_<keys> or copy_<keys>")
+            raise GraphKeyError(
+                f"{text!r} is not a graph name: prefill_<chunk>_<keys>, decode_<keys>, copy_<keys> "
+                "or vision_<soft tokens>"
+            )
         if m[1]:
             return cls.prefill(int(m[2]), int(m[3]))
-        return cls(m[4], int(m[5]))  # type: ignore[arg-type]  # the pattern allows only decode or copy
+        return cls(m[4], int(m[5]))  # type: ignore[arg-type]  # the pattern allows decode, copy, vision
 
     def __str__(self) -> str:
         return f"prefill_{self.chunk}_{self.keys}" if self.kind == "prefill" else f"{self.kind}_{self.keys}"
 
     @property
     def tokens(self) -> int:
-        """Tokens per query row: the chunk for a prefill, 1 for decode, none for a copy."""
+        """Tokens per query row: the chunk for a prefill, 1 for decode, none for a copy or an encoder."""
         return self.chunk if self.kind == "prefill" else int(self.kind == "decode")
 
 
@@ -90,3 +99,8 @@ def variant_graphs(
     prompt runs on the host), a decode per key bucket, and the copies at batch > 1."""
     prefill = prefill_graphs(buckets, key_buckets) if device_prefill else ()
     return prefill + tuple(GraphKey.decode(t) for t in key_buckets) + copy_graphs(batch, key_buckets)
+
+
+def vision_graphs(soft_buckets: tuple[int, ...]) -> tuple[GraphKey, ...]:
+    """The image encoder's graphs, one per soft-token bucket (none for a model without vision)."""
+    return tuple(GraphKey.vision(n) for n in soft_buckets)

@@ -4,6 +4,7 @@ index in the graph breaks the Neuron compiler."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +12,8 @@ import torch
 
 from contract.artifact import HOST_TABLES, Geometry
 from contract.dtypes import BITS, DTYPES
+
+VISION_POSITIONS = "vision_position_table"  # the vision tower's 2-D position table (2, E, W), at the graph dtype
 
 
 class HostTables:
@@ -23,6 +26,7 @@ class HostTables:
         with safe_open(str(Path(folder) / HOST_TABLES), framework="pt") as f:
             self.embed = f.get_tensor("embed_tokens_scaled")  # (V, H)
             self.ple = f.get_tensor("embed_tokens_per_layer_scaled") if geo.ple_dim else None  # (V, L*P)
+            self.vision_positions = f.get_tensor(VISION_POSITIONS) if geo.vision else None  # (2, E, W)
 
 
 def scaled_tables(embed: torch.Tensor, ple: torch.Tensor | None, geo: Geometry) -> dict[str, torch.Tensor]:
@@ -64,6 +68,10 @@ class HostInputs:
                 w: np.lib.stride_tricks.sliding_window_view(strip, w, axis=1).transpose(1, 0, 2) for w in widths
             }  # (4S-w+1, 2, w)
         self.order = {g: [n for n in names if not n.startswith("kv")] for g, names in geo.inputs.items()}
+        # Every id as the tables look it up: a media placeholder (a soft token's stand-in, no text)
+        # looks up the pad token's rows, as transformers' Gemma4Model does for words and PLE alike.
+        self.lookup = np.arange(geo.vocab)
+        self.lookup[list(geo.placeholders.values())] = geo.pad_id
 
     def _strip(self, kind: str, S: int) -> torch.Tensor:
         """(2, 4S): additive mask, then one-hot write. Slice S-1-q (q < S) is the row of position q
@@ -89,6 +97,27 @@ class HostInputs:
             index = [self._offset(kind, p) for p in positions]
             out[f"rows_{kind}"] = self._gather(self.row_bits[kind][min(keys, S)], index)  # (N, 2, T)
         return out
+
+    def _both_ways(self, rows: torch.Tensor, start: int, n: int, blocks: Sequence[tuple[int, int]]) -> torch.Tensor:
+        """Sliding mask rows of a chunk's tokens at start .. start+n-1 where a query inside a block
+        [a, b) also sees the block's later keys (within the window its earlier ones, as any key):
+        AND(window, OR(causal, same block)), as transformers' create_masks_for_vision_model. The
+        chunk's writes are in by then, so ring key j holds the latest position up to the chunk's end
+        congruent to j."""
+        S, T = self.spans["sliding"], rows.shape[-1]
+        end = start + n - 1
+        j = torch.arange(T)
+        held = j + S * torch.div(end - j, S, rounding_mode="floor")  # (T,): the position key j holds, < 0 if none
+        rows = rows.clone()
+        for a, b in blocks:
+            if not (start <= a and b <= start + n):
+                raise ValueError(
+                    f"a bidirectional block at positions {a} .. {b - 1} is not inside chunk {start} .. {end}"
+                )
+            for q in range(a, b):
+                seen = (held >= 0) & (q - held < self.geo.sliding_window) & ((held <= q) | ((held >= a) & (held < b)))
+                rows[q - start, 0] = self._additive(seen)
+        return rows
 
     def _rope(self, positions: torch.Tensor, kind: str) -> tuple[torch.Tensor, torch.Tensor]:
         """positions (N,) -> cos, sin (N, D) at the graph dtype."""
@@ -118,7 +147,7 @@ class HostInputs:
 
     def embed(self, ids: list[list[int]]):
         """ids (B, S) -> hidden (B, S, H) and per-layer inputs (B, S, L, P) or None: pre-scaled rows."""
-        index = np.asarray(ids)  # (B, S)
+        index = self.lookup[np.asarray(ids)]  # (B, S)
         h = self._gather(self.embed_bits, index)  # (B, S, H)
         if self.ple_bits is None:
             return h, None
@@ -130,12 +159,25 @@ class HostInputs:
         return tuple(values[n] for n in self.order[graph]) + tuple(kv)
 
     def prefill_inputs(
-        self, ids: list[int], bucket: int, slot: int, kv=(), start: int = 0, keys: int | None = None
+        self,
+        ids: list[int],
+        bucket: int,
+        slot: int,
+        kv=(),
+        start: int = 0,
+        keys: int | None = None,
+        soft: Sequence[tuple[int, torch.Tensor]] = (),
+        blocks: Sequence[tuple[int, int]] = (),
     ) -> tuple[torch.Tensor, ...]:
         """A chunk of prompt tokens right-padded to `bucket`, at positions start .. start+n-1 of `slot`
         (whose earlier positions already hold this request's KV), for the prefill graph over the first
         `keys` cache positions (default: the smallest key bucket that holds the chunk); its last
-        token's logits come back."""
+        token's logits come back.
+
+        soft: (index in the chunk, rows (m, H)) of an image's soft tokens: the rows replace the words of
+        their placeholders (whose PLE rows are the pad token's, as `embed` looks every placeholder up).
+        blocks: positions [a, b) of the soft tokens that see each other both ways on sliding layers
+        (each ends inside this chunk: the chunk holds all of its keys)."""
         n = len(ids)
         if not 0 < n <= bucket:
             raise ValueError(f"a chunk of {n} tokens does not fit bucket {bucket}")
@@ -152,8 +194,12 @@ class HostInputs:
             )
         positions = [start + i for i in range(n)] + [None] * (bucket - n)
         h, ple = self.embed([list(ids) + [0] * (bucket - n)])  # ids (1, C)
+        for i, rows in soft:
+            h[0, i : i + len(rows)] = rows.to(self.dtype)  # (m, H): the encoder's soft tokens
         rope = self._gather(self.rope_bits, [[p or 0 for p in positions]])  # (1, C, 2D per kind)
         values = {"hidden": h, "ple": ple, "rope": rope, **self._rows(positions, T)}  # rows_<kind> (C, 2, T)
+        if blocks and "sliding" in self.spans:
+            values["rows_sliding"] = self._both_ways(values["rows_sliding"], start, n, blocks)
         values["last"] = torch.nn.functional.one_hot(torch.tensor([n - 1]), bucket).to(self.dtype)  # (1, C)
         values["slot"] = torch.nn.functional.one_hot(torch.tensor(slot), self.geo.batch).to(self.dtype)  # (B,)
         return self._assemble("prefill", values, kv)

@@ -5,6 +5,7 @@ import torch
 from safetensors import safe_open
 
 from contract.artifact import sha256
+from contract.tokenizer import load_tokenizer
 from gemma4_port.source.checkpoint import (
     MULTIMODAL_PREFIX,
     CheckpointError,
@@ -40,8 +41,26 @@ def test_random_checkpoint_has_the_hub_layout():
     assert config["text_config"]["num_kv_shared_layers"] == 5
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         keys = list(f.keys())
-    assert all(k.startswith(MULTIMODAL_PREFIX) for k in keys)
+    # Gemma4ForConditionalGeneration's own layout: the text decoder, the vision tower and its embedder.
+    assert all(k.startswith((MULTIMODAL_PREFIX, "model.vision_tower.", "model.embed_vision.")) for k in keys)
     assert f"{MULTIMODAL_PREFIX}layers.0.layer_scalar" in keys  # buffers are in the checkpoint
+    assert "model.vision_tower.std_scale" in keys and "model.embed_vision.embedding_projection.weight" in keys
+    # The tiny vocabulary holds the media markers and placeholders, and the tokenizer names them so.
+    tok = load_tokenizer(folder)
+    assert config["image_token_id"] == tok.image_token_id < config["text_config"]["vocab_size"]
+    assert (config["boi_token_id"], config["eoi_token_id"]) == (tok.boi_token_id, tok.eoi_token_id)
+
+
+def test_a_vision_tower_leaves_the_text_weights_as_they_were(tmp_path):
+    """The vision weights come from a generator of their own: the same seed's text decoder is the
+    same with or without them (the text-only artifacts' goldens do not move)."""
+    spec = load_manifest(MANIFESTS / "tiny-12b.yaml").model.random
+    write_random_checkpoint(spec.model_copy(update={"vision": None}), tmp_path / "text")
+    with safe_open(str(tmp_path / "text" / "model.safetensors"), "pt") as bare:
+        with safe_open(str(_ckpt("tiny-12b") / "model.safetensors"), "pt") as full:
+            assert set(bare.keys()) < set(full.keys())
+            for key in bare.keys():
+                assert torch.equal(bare.get_tensor(key), full.get_tensor(key)), key
 
 
 def test_same_seed_same_bytes(tmp_path):
@@ -78,9 +97,9 @@ def test_naive_load_of_the_multimodal_layout_is_silently_random_and_ours_is_not(
     want = reader.get("layers.3.self_attn.q_proj.weight")
     naive = Gemma4ForCausalLM.from_pretrained(str(folder), config=read_text_config(folder))
     assert not torch.equal(naive.model.layers[3].self_attn.q_proj.weight, want)  # the pitfall is real
-    ours = load_reference(folder)
-    assert torch.equal(ours.model.layers[3].self_attn.q_proj.weight, want)
-    assert torch.equal(ours.model.layers[3].layer_scalar, reader.get("layers.3.layer_scalar"))
+    ours = load_reference(folder).model.language_model  # a checkpoint with a vision tower: the multimodal class
+    assert torch.equal(ours.layers[3].self_attn.q_proj.weight, want)
+    assert torch.equal(ours.layers[3].layer_scalar, reader.get("layers.3.layer_scalar"))
 
 
 def test_reader_names_a_missing_key():

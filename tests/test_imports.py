@@ -11,12 +11,14 @@ from support.sources import project_modules
 
 # What the build package may take from the server: the load path verify shares with it, the rank group
 # the CPU tensor-parallel compile traces its ranks in (the server runs them in the same one), and the probe
-# of the installed Neuron SDK (the compile and doctor ask what the server asks). The host overhead bench
+# of the installed Neuron SDK (the compile and doctor ask what the server asks), and the media items the
+# loaded runner takes (verify's image prompts are made of them). The host overhead bench
 # also times the server's own per-token host work (sampling, detokenising).
 RUNTIME_FOR_BUILD = {
     "runtime",
     "runtime.model",
     "runtime.model.loader",
+    "runtime.model.media",
     "runtime.model.ranks",
     "runtime.model.neuron_sdk",
 }

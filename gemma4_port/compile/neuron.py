@@ -356,6 +356,11 @@ class NeuronGraphs:
         # ModelBuilder compiles through neuron_xla_compile with its persistent cache, keyed by the HLO
         # and the flags: an unchanged graph is not compiled twice.
         os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(cache_root() / "neuron-compile-cache"))
+        if self.variant.media is not None:
+            raise CompileError(
+                f"variant {self.variant.name!r} has media budgets: the image encoder graphs are built for the "
+                "CPU backend only so far (compile it with --backend cpu, or drop `media` for a text-only Neuron build)"
+            )
         pin_platform()  # before the SDK's first import: NxD reads the platform override once, then
         return load_sdk(self.manifest.toolchain)  # before any work: a missing SDK fails at once
 

@@ -11,16 +11,18 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from contract.artifact import Geometry, Rope
+from contract.artifact import Geometry, Rope, VisionGeometry
 from contract.dtypes import DTYPES
 from contract.errors import Gemma4Error
-from contract.graph_key import GraphKey, variant_graphs
-from contract.hostside import HostInputs, scaled_tables
+from contract.graph_key import GraphKey, variant_graphs, vision_graphs
+from contract.hostside import VISION_POSITIONS, HostInputs, scaled_tables
+from contract.media_inputs import VisionInputs
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph, input_names
 from gemma4_port.port.kv import kinds_present, kv_kinds, kv_shapes, ring_size
 from gemma4_port.port.lint import check_traced
 from gemma4_port.port.sharding import ModelShard
+from gemma4_port.port.vision import VisionEncoder
 from gemma4_port.source.checkpoint import CheckpointReader
 from gemma4_port.source.manifest import Variant
 
@@ -45,7 +47,31 @@ def rope_inv_freq(config, kind: str, head_dim: int) -> list[float]:
     return inv.tolist()
 
 
-def geometry(config, shard: ModelShard, variant: Variant) -> Geometry:
+def vision_geometry(vision, variant: Variant) -> VisionGeometry | None:
+    """The image encoder's shapes where the variant has an image budget (and the model a tower)."""
+    budget = variant.media.image if variant.media else None
+    if budget is None:
+        return None
+    if vision is None:
+        raise CompileError(f"variant {variant.name!r} has an image budget, but the checkpoint has no vision_config")
+    return VisionGeometry(
+        patch_size=vision.patch_size,
+        pooling_kernel=vision.pooling_kernel_size,
+        width=vision.hidden_size,
+        head_dim=vision.head_dim,
+        rope_theta=vision.rope_parameters["rope_theta"],
+        max_soft_tokens=budget.max_soft_tokens,
+        soft_buckets=budget.soft_buckets,
+    )
+
+
+def geometry(
+    config,
+    shard: ModelShard,
+    variant: Variant,
+    vision: VisionGeometry | None = None,
+    placeholders: dict[str, int] | None = None,
+) -> Geometry:
     kinds = kinds_present(shard)
     head_dims = {s.kind: s.head_dim for s in shard.layers}
     ring = ring_size(shard.sliding_window, variant.kv_max, variant.buckets)
@@ -70,6 +96,10 @@ def geometry(config, shard: ModelShard, variant: Variant) -> Geometry:
         tp=variant.tp,
         prefill=variant.prefill,
         inputs={g: tuple(input_names(shard, g)) for g in ("prefill", "decode", "copy")},
+        pad_id=config.pad_token_id,
+        placeholders=placeholders or {},
+        vision=vision,
+        bidirectional_vision=config.use_bidirectional_attention == "vision",
     )
 
 
@@ -87,6 +117,10 @@ class TableBlobs:
     def ple(self) -> torch.Tensor | None:
         return self.blobs.get("embed_tokens_per_layer_scaled")
 
+    @property
+    def vision_positions(self) -> torch.Tensor | None:
+        return self.blobs.get(VISION_POSITIONS)
+
 
 EXAMPLE_TOKEN = 1  # the only id the trace's example inputs look up
 
@@ -99,7 +133,11 @@ def host_tables(reader: CheckpointReader, geo: Geometry, rows: int | None = None
         return reader.get(key) if rows is None else reader.get_slice(key, 0, 0, rows)
 
     ple = read("embed_tokens_per_layer.weight") if geo.ple_dim else None
-    return TableBlobs(scaled_tables(read("embed_tokens.weight"), ple, geo))
+    blobs = scaled_tables(read("embed_tokens.weight"), ple, geo)
+    if geo.vision is not None:
+        table = reader.get("vision_tower.patch_embedder.position_embedding_table")  # (2, E, W)
+        blobs[VISION_POSITIONS] = table.to(DTYPES[geo.dtype]).contiguous()
+    return TableBlobs(blobs)
 
 
 def example_inputs(host: HostInputs, geo: Geometry, graph: GraphKey):
@@ -114,6 +152,25 @@ def example_inputs(host: HostInputs, geo: Geometry, graph: GraphKey):
     return host.decode_inputs([EXAMPLE_TOKEN] * geo.batch, [0] * geo.batch, kv, keys=keys)
 
 
+def vision_encoder(config, geo: Geometry, reader: CheckpointReader) -> VisionEncoder | None:
+    """The image encoder (config: a Gemma4VisionConfig, or None) with the checkpoint's weights."""
+    if config is None:
+        return None
+    encoder = VisionEncoder(config, geo.hidden, DTYPES[geo.dtype])
+    encoder.load_weights(reader)
+    return encoder
+
+
+def example_image(geo: Geometry, soft_tokens: int) -> dict[str, torch.Tensor]:
+    """A processor's output for an image of `soft_tokens` soft tokens in one row of cells: what a
+    vision graph is traced with (its values do not matter, its shapes do)."""
+    v = geo.vision
+    k, n = v.pooling_kernel, soft_tokens
+    xs, ys = torch.meshgrid(torch.arange(n * k), torch.arange(k), indexing="xy")
+    pos = torch.stack((xs, ys), dim=-1).reshape(1, n * k * k, 2)  # (1, P, 2)
+    return {"pixel_values": torch.full((1, n * k * k, 3 * v.patch_size**2), 0.5), "image_position_ids": pos}
+
+
 def trace_quietly(trace, *args, **kwargs):
     """torch.jit.trace / trace_module without check_trace, and without the warnings that each graph's
     static shapes (a bucket is a Python constant in its graph, as intended) would print."""
@@ -122,17 +179,31 @@ def trace_quietly(trace, *args, **kwargs):
         return trace(*args, check_trace=False, **kwargs)
 
 
-def trace_cpu(decoder: Gemma4Decoder, host: HostInputs, geo: Geometry, folder: Path, prefix: str = "") -> dict:
+def trace_cpu(
+    decoder: Gemma4Decoder,
+    host: HostInputs,
+    geo: Geometry,
+    folder: Path,
+    prefix: str = "",
+    vision: VisionEncoder | None = None,
+) -> dict:
     """TorchScript graphs, one prefill per chunk bucket and key bucket that holds it, one decode (and
-    at batch > 1 one copy) per key bucket, each traced at its own shape, as methods of one module
-    saved in one file: they share one copy of the weights in RAM."""
+    at batch > 1 one copy) per key bucket, and with `vision` one image encoder per soft-token bucket,
+    each traced at its own shape, as methods of one module saved in one file: they share one copy of
+    the weights in RAM."""
     graphs = nn.Module()
     graphs.prefill, graphs.decode = PrefillGraph(decoder).eval(), DecodeGraph(decoder).eval()
     graphs.copy = CopyGraph(decoder).eval()
     methods = variant_graphs(geo.buckets, geo.key_buckets, geo.batch)
+    examples = {str(graph): example_inputs(host, geo, graph) for graph in methods}
+    if vision is not None:
+        graphs.vision = vision.eval()
+        inputs = VisionInputs(geo, host.tables.vision_positions)
+        for graph in vision_graphs(geo.vision.soft_buckets):
+            examples[str(graph)] = inputs(example_image(geo, graph.keys), graph.keys)
+            methods += (graph,)
     for graph in methods:
         setattr(graphs, str(graph), getattr(graphs, graph.kind).forward)  # trace_module traces methods by name
-    examples = {str(graph): example_inputs(host, geo, graph) for graph in methods}
     traced = trace_quietly(torch.jit.trace_module, graphs, examples)
     for graph in methods:
         check_traced(getattr(traced, str(graph)), f"{prefix}{graph}", geo.vocab)

@@ -36,7 +36,9 @@ from contract.dtypes import DTYPES
 from contract.layout import NeuronLayout, neuron_layout
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.kv import kinds_present, kv_shapes, ring_size
+from gemma4_port.port.layers import KEY_BLOCK
 from gemma4_port.port.sharding import ShardingError, shard_model
+from gemma4_port.port.vision import VisionEncoder
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import Manifest, Variant
 
@@ -85,10 +87,12 @@ def compile_threads(inst: Instance) -> int:
 
 
 class ModelSizes:
-    """Element counts of one model's device decoder per (tp, rank), each built once on the meta device."""
+    """Element counts of one model's device decoder per (tp, rank), each built once on the meta device,
+    and of its image encoder (`vision`: a Gemma4VisionConfig, or None), replicated on every rank."""
 
-    def __init__(self, config):
+    def __init__(self, config, vision=None):
         self.config = config
+        self.vision = vision
         # Memoised per instance (a method-level cache would keep every instance alive).
         self.shard = cache(partial(shard_model, config))
         self.weights = cache(self._weights)
@@ -118,6 +122,24 @@ class ModelSizes:
         scores = max(s.q_heads * queries * width[s.kind] for s in self.shard(tp, rank).layers)
         return scores, sum(queries * 2 * w for w in width.values())
 
+    def encoder(self, variant: Variant) -> tuple[int, int, int]:
+        """Elements of the variant's image encoder, 0 without an image budget: (weights, the largest
+        vision graph's working set, its host table). The graph of the budget's P = max_soft_tokens x k^2
+        patches holds one layer's float32 scores of a key block (heads x P x min(P, KEY_BLOCK)) beside its
+        inputs (patches, position embeddings, rope, the N x P pooling matrix); the host keeps the tower's
+        2-D position table."""
+        budget = variant.media.image if variant.media else None
+        if budget is None or self.vision is None:
+            return 0, 0, 0
+        v = self.vision
+        with torch.device("meta"):
+            encoder = VisionEncoder(v, self.config.hidden_size)
+        weights = sum(t.numel() for t in (*encoder.parameters(), *encoder.buffers()))
+        P = budget.max_soft_tokens * v.pooling_kernel_size**2
+        scores = v.num_attention_heads * P * min(P, KEY_BLOCK)
+        inputs = P * (3 * v.patch_size**2 + v.hidden_size + 2 * v.head_dim) + budget.max_soft_tokens * P
+        return weights, scores + inputs, 2 * v.position_embedding_size * v.hidden_size
+
     def host_tables(self) -> int:
         m = self.shard(1, 0)
         return m.vocab * m.hidden + m.ple_vocab * m.num_layers * m.ple_dim
@@ -142,15 +164,19 @@ class Footprint:
     host_tables: int  # word embedding + PLE tables at the variant dtype: the slim server's load
     host_rope: int  # and the rotary rows of every position up to kv_max
     whole_weights: int  # the whole decoder at the variant dtype: the compile holds it, a host prefill runs it
+    encoder_weights: int = 0  # the image encoder at the variant dtype, replicated on every core
+    encoder_transient: int = 0  # its largest graph's working set (float32 scores and inputs)
+    encoder_table: int = 0  # its host table (the tower's 2-D position embeddings)
 
     @property
     def rank_transient(self) -> int:
-        return self.rank_scores + self.rank_rows
+        """The largest graph's working set: a decoder graph's, or the image encoder's (never both at once)."""
+        return max(self.rank_scores + self.rank_rows, self.encoder_transient)
 
     @property
     def per_core(self) -> int:
         """The bytes the graphs fix: tensors (weights, KV) and the largest graph's working set."""
-        return self.rank_weights + self.rank_kv + self.rank_transient
+        return self.rank_weights + self.encoder_weights + self.rank_kv + self.rank_transient
 
     @property
     def scratchpad(self) -> int:
@@ -161,7 +187,7 @@ class Footprint:
     def counted_core(self) -> int:
         """Every per-core category with a figure: tensors, the scratchpad pages and the model-code floor
         (DEVICE_MEMORY); runtime memory and the neffs' instructions come on top, unknown until measured."""
-        return self.rank_weights + self.rank_kv + self.scratchpad + MODEL_CODE_FLOOR
+        return self.rank_weights + self.encoder_weights + self.rank_kv + self.scratchpad + MODEL_CODE_FLOOR
 
     @property
     def host_prefill(self) -> int:
@@ -170,7 +196,7 @@ class Footprint:
 
     @property
     def serve(self) -> int:
-        return PROCESS_BYTES + self.host_tables + self.host_rope + self.host_prefill
+        return PROCESS_BYTES + self.host_tables + self.encoder_table + self.host_rope + self.host_prefill
 
     @property
     def load_peak(self) -> int:
@@ -196,6 +222,7 @@ def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
     size = DTYPES[variant.dtype].itemsize
     ranks = range(variant.tp)
     scores, rows = max(sizes.transient(variant.tp, r, variant) for r in ranks)
+    encoder, encoder_transient, encoder_table = sizes.encoder(variant)
     return Footprint(
         variant=variant,
         layout=neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.key_buckets, variant.batch),
@@ -206,6 +233,9 @@ def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
         host_tables=size * sizes.host_tables(),
         host_rope=size * sizes.host_rope(variant.kv_max),
         whole_weights=size * sizes.weights(1, 0),
+        encoder_weights=size * encoder,
+        encoder_transient=4 * encoder_transient,
+        encoder_table=size * encoder_table,
     )
 
 

@@ -31,7 +31,7 @@ from gemma4_port.ops.capacity import (
 )
 from gemma4_port.ops.roofline import ALL_REDUCE_S, ASSUMPTIONS, break_even_all_reduce_s, roofline, rooflines
 from gemma4_port.port.sharding import shard_table
-from gemma4_port.source.configs import text_config_for
+from gemma4_port.source.configs import text_config_for, vision_config_for
 from gemma4_port.source.manifest import Manifest, load_manifest
 
 SHORT = {"float32": "fp32", "bfloat16": "bf16"}
@@ -49,7 +49,7 @@ def describe(layout: NeuronLayout) -> str:
 def core_table(manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> Table:
     title = f"{manifest.name}: per NeuronCore ({CORE_GIB} GiB), GiB; counted = tensors + scratchpad + model code floor"
     core = Table(title=title)
-    columns = ("variant", "tp", "dtype", "batch x kv_max", "ring", "graphs", "weights", "KV", "scratchpad")
+    columns = ("variant", "tp", "dtype", "batch x kv_max", "ring", "graphs", "weights", "encoder", "KV", "scratchpad")
     for col in (*columns, "kv_max up to", "counted", "fits"):
         core.add_column(col)
     for fp in fps:
@@ -62,6 +62,7 @@ def core_table(manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> T
             str(sizes.ring(v)),
             describe(fp.layout),
             gib(fp.rank_weights),
+            gib(fp.encoder_weights) if fp.encoder_weights else "-",
             gib(fp.rank_kv),
             gib(fp.scratchpad),
             kv_max_limit(sizes, fp),
@@ -181,7 +182,7 @@ def plan_main(args) -> int:
     manifest = load_manifest(args.manifest)
     variants = [manifest.variant(args.variant)] if args.variant else list(manifest.variants)
     config = text_config_for(manifest)
-    sizes = ModelSizes(config)
+    sizes = ModelSizes(config, vision_config_for(manifest))
     console = build_console()
     render(console, manifest, sizes, [footprint(sizes, v) for v in variants])
     if args.shards:

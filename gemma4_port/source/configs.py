@@ -65,6 +65,22 @@ KNOWN_TEXT_CONFIGS: dict[str, dict] = {
 }
 
 
+def vision_config_for(manifest: Manifest, offline: bool = True):
+    """The vision tower's Gemma4VisionConfig, or None for a random model without one. The published
+    checkpoints' towers, offline, take transformers' default Gemma4VisionConfig (16 layers at width
+    768, patch 16, pooling kernel 3): their config.json is read only online."""
+    from transformers import Gemma4VisionConfig
+
+    src = manifest.model
+    if src.random is not None:
+        return Gemma4VisionConfig(**src.random.vision) if src.random.vision is not None else None
+    if src.source in KNOWN_TEXT_CONFIGS and offline:
+        return Gemma4VisionConfig()
+    from gemma4_port.source.checkpoint import read_vision_config, resolve_checkpoint
+
+    return read_vision_config(resolve_checkpoint(manifest))
+
+
 def text_config_for(manifest: Manifest, offline: bool = True):
     """A Gemma4TextConfig for the manifest's model, reading no weights."""
     from transformers import Gemma4TextConfig

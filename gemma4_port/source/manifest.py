@@ -39,6 +39,20 @@ class RandomModel(Frozen):
             raise ValueError(f"not a valid Gemma4TextConfig: {reason}") from None
         return config
 
+    vision: dict[str, Any] | None = Field(None, description="a Gemma4VisionConfig: the model sees images")
+
+    @field_validator("vision")
+    @classmethod
+    def _vision_is_a_vision_config(cls, vision: dict[str, Any] | None) -> dict[str, Any] | None:
+        from transformers import Gemma4VisionConfig
+
+        if vision is not None:
+            try:
+                Gemma4VisionConfig(**vision)
+            except Exception as exc:  # noqa: BLE001 - transformers raises several types for bad fields
+                raise ValueError(f"not a valid Gemma4VisionConfig: {' '.join(str(exc).split())}") from None
+        return vision
+
 
 # A revision reaches a Dockerfile and the hub's URLs: a git ref name as `git check-ref-format --branch`
 # accepts it, over a portable alphabet (git also allows shell metacharacters such as `$`, `(`, `;`, `'`,
@@ -126,6 +140,38 @@ class Toolchain(Frozen):
     )
 
 
+# The budgets transformers' Gemma-4 image processor takes (image_processing_pil_gemma4.py).
+SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
+
+
+class ImageBudget(Frozen):
+    """Soft tokens per image: the processor's budget, and the encoder graphs' buckets (an image runs
+    in the smallest that holds its soft tokens; each holds bucket x k^2 patches)."""
+
+    max_soft_tokens: Literal[70, 140, 280, 560, 1120] = Field(description="the image processor's max_soft_tokens")
+    buckets: tuple[int, ...] = Field(
+        (), description="soft-token buckets of the encoder graphs, increasing; default (max_soft_tokens,)"
+    )
+
+    @model_validator(mode="after")
+    def _buckets_end_at_budget(self) -> ImageBudget:
+        b = list(self.buckets) or [self.max_soft_tokens]
+        if b != sorted(set(b)) or b[0] < 1 or b[-1] != self.max_soft_tokens:
+            raise ValueError(
+                "buckets must be positive, strictly increasing and end at max_soft_tokens "
+                f"({self.max_soft_tokens}), got {b}"
+            )
+        return self
+
+    @property
+    def soft_buckets(self) -> tuple[int, ...]:
+        return self.buckets or (self.max_soft_tokens,)
+
+
+class Media(Frozen):
+    image: ImageBudget | None = None
+
+
 class Variant(Frozen):
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")
     tp: Literal[1, 2] = 1
@@ -140,6 +186,7 @@ class Variant(Frozen):
     )
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
     prefill: Literal["device", "host"] = "device"
+    media: Media | None = Field(None, description="soft-token budgets of a multimodal model's encoders")
 
     @model_validator(mode="before")
     @classmethod
@@ -161,6 +208,12 @@ class Variant(Frozen):
         if kv != sorted(set(kv)) or kv[0] < 1 or kv[-1] != self.kv_max:
             raise ValueError(
                 f"key_buckets must be positive, strictly increasing and end at kv_max ({self.kv_max}), got {kv}"
+            )
+        if self.media and self.media.image and self.media.image.max_soft_tokens > self.buckets[-1]:
+            # An image's soft tokens see each other both ways on some models: a prefill chunk holds them whole.
+            raise ValueError(
+                f"an image of up to {self.media.image.max_soft_tokens} soft tokens does not fit the largest "
+                f"bucket ({self.buckets[-1]}); raise the bucket or lower max_soft_tokens"
             )
         return self
 
@@ -198,6 +251,10 @@ class Manifest(Frozen):
             raise ValueError(f"variant names must be unique, got {names}")
         if self.images and self.images.variant and self.images.variant not in names:
             raise ValueError(f"images.variant {self.images.variant!r} is not one of {names}")
+        sees = self.model.random is None or self.model.random.vision is not None
+        for v in self.variants:
+            if v.media and v.media.image and not sees:
+                raise ValueError(f"variant {v.name!r} has an image budget, but the random model has no `vision` config")
         return self
 
     def variant(self, name: str | None) -> Variant:

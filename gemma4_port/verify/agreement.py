@@ -16,6 +16,7 @@ class Case:
     steps: int
     golden: Golden | None = None  # artifact.json's reference steps: the live reference must agree, the device pass
     reused: int = 0  # leading positions kept from the slot's previous request, not prefilled again
+    media: tuple = ()  # the prompt's images (runtime.model.media.MediaInput), in order
 
 
 @dataclass

@@ -20,7 +20,8 @@ from contract.greedy import argmax
 from contract.logit_error import BOUNDS, TOP_K
 from gemma4_port.console import console as build_console
 from gemma4_port.verify.agreement import Case, Row, compare
-from gemma4_port.verify.reference import load_reference, reference_greedy
+from gemma4_port.verify.media_cases import ImagePrompts
+from gemma4_port.verify.reference import load_reference, media_inputs, reference_greedy
 from runtime.model.loader import load_artifact
 
 SHORT_STEPS = 8
@@ -139,7 +140,10 @@ def reference_bf16_error(reference, rows: list[Row], ref_logits: list[list[torch
     out = []
     for row, logits in zip(rows, ref_logits):
         ids = row.case.ids + [r for _, r in row.tokens[:-1]]
-        run = reference(input_ids=torch.tensor([ids])).logits[0, len(row.case.ids) - 1 :].float()  # (compared, V)
+        media = media_inputs(reference, ids, [m.features for m in row.case.media])
+        run = (
+            reference(input_ids=torch.tensor([ids]), **media).logits[0, len(row.case.ids) - 1 :].float()
+        )  # (compared, V)
         out += [float((run[i] - logits[i]).abs().max()) for i in range(row.compared)]
     return out
 
@@ -235,9 +239,14 @@ def verify_artifact(
     reference = load_reference(Path(meta.checkpoint))
     geo = meta.geometry
     cases = build_cases(meta, long)
+    images = ImagePrompts(folder, meta, model.tokenizer) if geo.vision else None
+    cases += images.cases() if images else []
     results = []
     for case in cases:
-        results.append(model.runner.greedy(case.ids, case.steps))
+        results.append(model.runner.greedy(case.ids, case.steps, media=case.media))
+    for case, result in images.run_reuse(model.runner) if images else ():
+        cases.append(case)
+        results.append(result)
     rng = random.Random(f"{meta.name}/{meta.variant}/turns")
     replies, follow = 4, [rng.randrange(8, geo.vocab) for _ in range(geo.buckets[0] // 2 + 1)]
     first_len = min(geo.buckets[-1] * 3 // 2, geo.kv_max - replies - len(follow) - SHORT_STEPS)
@@ -268,7 +277,7 @@ def verify_artifact(
     model.close()
     rows, ref_logits = [], []
     for case, (dev_tokens, dev_logits) in zip(cases, results):
-        ref_tokens, logits = reference_greedy(reference, case.ids, case.steps)
+        ref_tokens, logits = reference_greedy(reference, case.ids, case.steps, [m.features for m in case.media])
         rows.append(compare(case, dev_tokens, dev_logits, ref_tokens, logits, geo.softcap, geo.dtype))
         ref_logits.append(logits)
     noise = bf16_noise(rows, reference_bf16_error(reference, rows, ref_logits)) if geo.dtype == "bfloat16" else None

@@ -44,5 +44,9 @@ class CpuBackend:
     def copy(self, keys: int, inputs) -> None:
         self._run(GraphKey.copy(keys), inputs)
 
+    def encode(self, graph: GraphKey, inputs) -> torch.Tensor:
+        """An encoder graph (vision_<N>): no KV, its output only."""
+        return self.graphs[str(graph)](*inputs)
+
     def close(self) -> None:
         self.graphs.clear()

@@ -10,6 +10,7 @@ from contract.artifact import ArtifactError, ArtifactMeta, check_files, load_met
 from contract.errors import Gemma4Error
 from contract.hostside import HostInputs, HostTables
 from contract.logit_error import judge_golden
+from contract.media_inputs import VisionInputs
 from contract.tokenizer import check_vocab, load_tokenizer
 from runtime.model.runner import Backend, ModelRunner
 
@@ -73,6 +74,8 @@ def load_artifact(folder: str | Path, check_sha256: bool = True) -> LoadedModel:
             raise ArtifactError(f"{folder}: " + "; ".join(problems))
     tokenizer = load_tokenizer(folder / "tokenizer")
     check_vocab(tokenizer, meta.geometry.vocab, str(folder / "tokenizer"))
-    tables = HostTables(folder, meta.geometry)
-    runner = ModelRunner(meta.geometry, HostInputs(meta.geometry, tables), make_backend(folder, meta))
+    geo = meta.geometry
+    tables = HostTables(folder, geo)
+    vision = VisionInputs(geo, tables.vision_positions) if tables.vision_positions is not None else None
+    runner = ModelRunner(geo, HostInputs(geo, tables), make_backend(folder, meta), vision)
     return LoadedModel(folder, meta, tokenizer, runner)

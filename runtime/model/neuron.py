@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from contract.artifact import ArtifactMeta
+from contract.artifact import ArtifactError, ArtifactMeta
 from contract.graph_key import GraphKey, prefill_graphs
 from contract.layout import HOST_KV, KV_STATE, NXD_WEIGHTS, neuron_layout, rank_cores
 from contract.versions import check_versions
@@ -143,6 +143,11 @@ class NeuronBackend:
 
     def copy(self, keys: int, inputs) -> None:
         self._run(inputs)  # the copy key: the KV stays on the device, with a prefill on the host too
+
+    def encode(self, graph: GraphKey, inputs) -> torch.Tensor:
+        # Neuron builds refuse media budgets (compile/neuron.py), so the loader gives the runner no
+        # image inputs and no request gets here: a Neuron artifact has no encoder graph to run.
+        raise ArtifactError(f"this Neuron artifact has no {graph} graph: its encoders are built for the CPU only")
 
     def reset(self) -> None:
         self.kv.zero()

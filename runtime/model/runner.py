@@ -4,14 +4,18 @@ the slots and their state; the backend owns the graphs and the KV buffers."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
 
 from contract.artifact import Geometry
 from contract.errors import Gemma4Error
+from contract.graph_key import GraphKey
 from contract.greedy import argmax
 from contract.hostside import HostInputs
+from contract.media_inputs import VisionInputs
+from runtime.model.media import MediaError, MediaInput, blocks, check_media, keyed, outside_blocks
 from runtime.model.prefix import reusable_prefix, ring_holds
 from runtime.model.slots import Slot, SlotState
 
@@ -22,6 +26,7 @@ class Backend(Protocol):
     def prefill(self, bucket: int, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
     def decode(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
     def copy(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> None: ...  # a fork's KV copy: copy_<keys>
+    def encode(self, graph: GraphKey, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...  # vision_<N>
     def reset(self) -> None: ...
     def close(self) -> None: ...
 
@@ -34,31 +39,44 @@ class ContextFull(Gemma4Error, RuntimeError):
     pass
 
 
-def chunks(start: int, end: int, buckets: tuple[int, ...]) -> list[tuple[int, int, int]]:
+def chunks(
+    start: int, end: int, buckets: tuple[int, ...], whole: Sequence[tuple[int, int]] = ()
+) -> list[tuple[int, int, int]]:
     """Positions start .. end-1 of a prompt as prefill chunks (start, length, bucket): chunks of the
-    largest bucket, then the rest in the smallest bucket that holds it."""
+    largest bucket, then the rest in the smallest bucket that holds it. A chunk never ends inside a
+    block of `whole` (its queries see the block's later keys, which must be in the cache with them):
+    its end moves back to the block's start, so the block is in the next chunk whole."""
     out, big = [], buckets[-1]
     while start < end:
         n = min(big, end - start)
+        for a, b in whole:
+            if a < start + n < b:
+                if a <= start:
+                    raise MediaError(f"a block of {b - a} soft tokens does not fit the largest prefill bucket ({big})")
+                n = a - start
         out.append((start, n, next(b for b in buckets if n <= b)))
         start += n
     return out
 
 
 class ModelRunner:
-    def __init__(self, geo: Geometry, host: HostInputs, backend: Backend):
+    def __init__(self, geo: Geometry, host: HostInputs, backend: Backend, vision: VisionInputs | None = None):
         self.geo = geo
         self.host = host
         self.backend = backend
+        self.vision = vision  # the image encoder's host inputs, on a model with one
         self.slots = [Slot(i) for i in range(geo.batch)]
+        self.encoders = ("image",) if vision is not None else ()
 
     def keys_for(self, position: int) -> int:
         """The smallest key bucket whose keys include `position` (below kv_max: checked by the caller)."""
         return next(t for t in self.geo.key_buckets if position < t)
 
-    def start(self, slot: int, ids: list[int], reused: int = 0) -> None:
+    def start(self, slot: int, ids: list[int], reused: int = 0, media: Sequence[MediaInput] = ()) -> None:
         """Make a free slot prefill `ids`, keeping the KV of its first `reused` positions (a prefix the
-        slot holds and may keep, by the reuse rule)."""
+        slot holds and may keep, by the reuse rule; cut back to the start of an image whose soft
+        tokens see each other both ways). `media`: the prompt's images, in order; each one not wholly
+        in the kept prefix is encoded now and its soft tokens go in with the chunks that hold them."""
         s = self.slots[slot]
         if not s.free:
             raise RuntimeError(f"slot {slot} is {s.state.value}, not free")
@@ -67,12 +85,26 @@ class ModelRunner:
                 f"prompt has {len(ids)} tokens; this model holds at most {self.geo.max_prompt} "
                 f"(kv_max {self.geo.kv_max} less one position to generate into)"
             )
-        if reused and self.reusable(slot, ids) < reused:
+        check_media(ids, media, self.geo.placeholders, self.encoders)
+        whole = blocks(media, self.geo.bidirectional_vision)
+        reused = outside_blocks(reused, whole)
+        if reused and self.reusable(slot, ids, media) < reused:
             raise ValueError(
                 f"slot {slot} cannot keep {reused} positions for this prompt: it holds "
-                f"{self.reusable(slot, ids)} of them"
+                f"{self.reusable(slot, ids, media)} of them"
             )
-        s.start(ids, reused, chunks(reused, len(ids), self.geo.buckets))
+        soft = [(max(m.offset, reused), self.encode(m)[max(0, reused - m.offset) :]) for m in media if m.end > reused]
+        s.start(ids, reused, chunks(reused, len(ids), self.geo.buckets, whole), keyed(ids, media), soft, whole)
+
+    def encode(self, m: MediaInput) -> torch.Tensor:
+        """One item's soft tokens (length, H) at the graph dtype, from its encoder graph."""
+        if m.kind != "image" or self.vision is None:
+            raise MediaError(f"this model has no {m.kind} encoder")
+        n = self.vision.soft_tokens(m.features["image_position_ids"])
+        if n != m.length:
+            raise MediaError(f"an image whose features make {n} soft tokens has {m.length} placeholders")
+        bucket = self.geo.vision.bucket_for(n)  # type: ignore[union-attr]  # self.vision implies geo.vision
+        return self.backend.encode(GraphKey.vision(bucket), self.vision(m.features, bucket))[0, :n]
 
     def prefill_step(self, slot: int) -> torch.Tensor | None:
         """The next chunk of a prefilling slot: None, or after the prompt's last chunk its raw logits
@@ -83,17 +115,27 @@ class ModelRunner:
         first, n, bucket = s.plan[s.chunk]
         ids = s.prompt[first : first + n]
         keys = self.geo.keys_for_chunk(bucket, first + n)  # the chunk's cost follows the prompt, not kv_max
-        logits = self.backend.prefill(bucket, keys, self.host.prefill_inputs(ids, bucket, slot, start=first, keys=keys))
-        s.wrote(ids)
+        end = first + n
+        soft = [
+            (max(at, first) - first, rows[max(at, first) - at : end - at])
+            for at, rows in s.soft
+            if at < end and at + len(rows) > first
+        ]
+        whole = [(a, b) for a, b in s.blocks if first <= a and b <= end]
+        inputs = self.host.prefill_inputs(ids, bucket, slot, start=first, keys=keys, soft=soft, blocks=whole)
+        logits = self.backend.prefill(bucket, keys, inputs)
+        s.wrote(s.keys[first:end])
         s.chunk += 1
         if s.chunk < len(s.plan):
             return None
-        s.state = SlotState.DECODING
+        s.state, s.keys, s.soft, s.blocks = SlotState.DECODING, [], [], []
         return logits[0]
 
-    def prefill_prompt(self, slot: int, ids: list[int], reused: int = 0) -> torch.Tensor:
+    def prefill_prompt(
+        self, slot: int, ids: list[int], reused: int = 0, media: Sequence[MediaInput] = ()
+    ) -> torch.Tensor:
         """A whole prompt, chunk after chunk; raw logits (V,) after its last token."""
-        self.start(slot, ids, reused)
+        self.start(slot, ids, reused, media)
         while (logits := self.prefill_step(slot)) is None:
             pass
         return logits
@@ -128,10 +170,12 @@ class ModelRunner:
             self.backend.copy(keys, self.host.copy_inputs(src, dst, keep, keys))
         d.forked(s.tokens[:keep], s.reach)
 
-    def reusable(self, slot: int, ids: list[int]) -> int:
-        """Leading positions of `ids` whose KV the slot holds and may keep (the reuse rule)."""
+    def reusable(self, slot: int, ids: list[int], media: Sequence[MediaInput] = ()) -> int:
+        """Leading positions of `ids` whose KV the slot holds and may keep (the reuse rule; an image
+        matches by its digest, and a kept prefix ends outside any bidirectional block)."""
         s = self.slots[slot]
-        return reusable_prefix(self.geo, s.tokens, ids, s.reach)
+        shared = reusable_prefix(self.geo, s.tokens, keyed(ids, media), s.reach)
+        return outside_blocks(shared, blocks(media, self.geo.bidirectional_vision))
 
     def decode(self, tokens: dict[int, int]) -> dict[int, torch.Tensor]:
         """Feed `tokens[slot]` at each busy slot's position; raw logits (V,) per slot, at the graph dtype
@@ -155,11 +199,11 @@ class ModelRunner:
         self.slots[slot].release()
 
     def greedy(
-        self, ids: list[int], steps: int, slot: int = 0, reused: int = 0
+        self, ids: list[int], steps: int, slot: int = 0, reused: int = 0, media: Sequence[MediaInput] = ()
     ) -> tuple[list[int], list[torch.Tensor]]:
         """Greedy continuation of one prompt (keeping the KV of its first `reused` positions, which
         the slot holds): tokens and the raw logits (float32) that chose each. The slot retains its KV."""
-        return self.greedy_on(slot, self.prefill_prompt(slot, ids, reused), steps)
+        return self.greedy_on(slot, self.prefill_prompt(slot, ids, reused, media), steps)
 
     def greedy_on(self, slot: int, logits: torch.Tensor, steps: int) -> tuple[list[int], list[torch.Tensor]]:
         """Greedy decoding of a decoding slot from the logits of its last position (a prefill's, or a

@@ -32,12 +32,16 @@ class Slot:
     state: SlotState = SlotState.FREE
     position: int = 0  # the next KV write position
     request: Any = None  # what the engine serves in this slot
-    tokens: list[int] = field(default_factory=list)  # the tokens whose KV it holds, at positions 0, 1, ...
+    # The tokens whose KV it holds, at positions 0, 1, ...; an image's soft tokens as media.keyed makes them.
+    tokens: list[int] = field(default_factory=list)
     # How far writes into its rows reached since a prompt was last written from position 0: a sliding
     # ring still holds positions past a `tokens` that a later request cut short (or that a fork copied
     # from a slot that had gone further). From position 0 every key a later prompt can keep is rewritten.
     reach: int = 0
     prompt: list[int] = field(default_factory=list)  # while prefilling: the whole prompt
+    keys: list[int] = field(default_factory=list)  # while prefilling: the prompt as `tokens` holds it (media.keyed)
+    soft: list = field(default_factory=list)  # while prefilling: (position, soft token rows (m, H)) per image
+    blocks: list[tuple[int, int]] = field(default_factory=list)  # while prefilling: bidirectional [a, b)
     plan: list[tuple[int, int, int]] = field(default_factory=list)  # while prefilling: (start, length, bucket)
     chunk: int = 0  # while prefilling: the index of the next chunk in `plan`
     released: float = 0.0  # when it last became free: a request with no prefix to reuse takes the oldest
@@ -46,14 +50,21 @@ class Slot:
     def free(self) -> bool:
         return self.state in (SlotState.FREE, SlotState.RETAINED)
 
-    def start(self, prompt: list[int], reused: int, plan: list[tuple[int, int, int]]) -> None:
+    def start(
+        self, prompt: list[int], reused: int, plan: list[tuple[int, int, int]], keys=None, soft=(), blocks=()
+    ) -> None:
+        """keys: the prompt as `tokens` will hold it (an image's soft tokens keyed by its digest;
+        default the ids); soft and blocks: its images' soft tokens and bidirectional spans."""
         self.state, self.prompt, self.plan, self.chunk = SlotState.PREFILLING, list(prompt), plan, 0
+        self.keys = list(prompt if keys is None else keys)
+        self.soft, self.blocks = list(soft), list(blocks)
         self.tokens, self.position = self.tokens[:reused], reused
         self.reach = self.reach if reused else 0
 
     def forked(self, tokens: list[int], reach: int) -> None:
         """Its KV is now a copy of rows that hold `tokens` and were written up to `reach`: decode on."""
         self.state, self.prompt, self.plan, self.chunk = SlotState.DECODING, [], [], 0
+        self.keys, self.soft, self.blocks = [], [], []
         self.tokens, self.position, self.reach = list(tokens), len(tokens), reach
 
     def wrote(self, tokens: list[int]) -> None:
@@ -66,4 +77,5 @@ class Slot:
         """Done with the request; the KV stays for a later prompt that shares its tokens."""
         self.state = SlotState.RETAINED if self.tokens else SlotState.FREE
         self.request, self.prompt, self.plan, self.chunk = None, [], [], 0
+        self.keys, self.soft, self.blocks = [], [], []
         self.released = time.monotonic()

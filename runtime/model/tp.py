@@ -30,6 +30,10 @@ class _Rank(CpuBackend):
         logits = super()._run(graph, inputs)
         return logits if self.rank == 0 else None
 
+    def encode(self, graph: GraphKey, inputs):
+        """The encoders are replicated, not split: rank 0 holds and runs them (compile traces them there)."""
+        return super().encode(graph, inputs) if self.rank == 0 else None
+
 
 class CpuTensorParallelBackend:
     """The runner's Backend for a `tp > 1` CPU artifact: the same calls, fanned out to the ranks."""
@@ -45,6 +49,9 @@ class CpuTensorParallelBackend:
 
     def copy(self, keys: int, inputs) -> None:
         self.group.call("copy", keys, inputs)  # each rank copies its own heads
+
+    def encode(self, graph: GraphKey, inputs) -> torch.Tensor:
+        return self.group.call("encode", graph, inputs)[0]
 
     def reset(self) -> None:
         self.group.call("reset")

@@ -1,0 +1,97 @@
+"""`build.py verify`'s image prompts: synthetic images (seeded noise, so any size and aspect) through
+the artifact's own image processor (transformers' Gemma4ImageProcessorPil at the variant's budget),
+laid out as Gemma-4's processor lays them out (boi, one placeholder per soft token, eoi), in the
+places that stress the host side: one image, two, one deep inside a prompt many chunks long, one
+where the largest bucket's chunk boundary falls inside it, and a repeated image whose KV is reused."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from pathlib import Path
+
+import numpy as np
+
+from gemma4_port.verify.agreement import Case
+from runtime.model.media import MediaInput
+
+STEPS = 6
+
+
+class ImagePrompts:
+    def __init__(self, folder: Path, meta, tokenizer):
+        from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+        self.geo = meta.geometry
+        self.processor = Gemma4ImageProcessorPil.from_pretrained(str(Path(folder) / "processor"))
+        self.tok = tokenizer
+        self.rng = random.Random(f"{meta.name}/{meta.variant}/images")
+
+    def image(self, seed: int, height: int, width: int) -> tuple[bytes, dict]:
+        """PNG bytes of a noise image and the processor's features for it."""
+        import io
+
+        from PIL import Image
+
+        pixels = np.random.RandomState(seed).randint(0, 256, (height, width, 3), dtype=np.uint8)
+        buf = io.BytesIO()
+        Image.fromarray(pixels).save(buf, format="PNG")
+        features = dict(
+            self.processor(
+                Image.fromarray(pixels), max_soft_tokens=self.geo.vision.max_soft_tokens, return_tensors="pt"
+            )
+        )
+        features.pop("num_soft_tokens_per_image")
+        return buf.getvalue(), features
+
+    def words(self, n: int) -> list[int]:
+        return [self.rng.randrange(8, self.geo.vocab) for _ in range(n)]
+
+    def prompt(self, parts) -> tuple[list[int], tuple[MediaInput, ...]]:
+        """parts: token lists and (bytes, features) images -> ids and the images as the runner takes them."""
+        ids, media = [self.tok.bos_token_id], []
+        v = self.geo.vision
+        for part in parts:
+            if isinstance(part, list):
+                ids += part
+                continue
+            raw, features = part
+            n = int((features["image_position_ids"][0] >= 0).all(-1).sum()) // v.patches_per_token
+            ids.append(self.tok.boi_token_id)
+            media.append(MediaInput("image", len(ids), n, hashlib.sha256(raw).hexdigest(), features))
+            ids += [self.geo.placeholders["image"]] * n + [self.tok.eoi_token_id]
+        return ids, tuple(media)
+
+    def cases(self) -> list[Case]:
+        big, room = self.geo.buckets[-1], self.geo.max_prompt - STEPS
+        out = []
+
+        def add(name, parts, steps=STEPS):
+            ids, media = self.prompt(parts)
+            if len(ids) + steps <= self.geo.kv_max:
+                out.append(Case(name, ids, steps, media=media))
+
+        add("image:one", [self.words(3), self.image(1, 45, 61), self.words(4)])
+        add("image:two", [self.words(2), self.image(2, 30, 90), self.words(2), self.image(3, 64, 64), self.words(3)])
+        first = self.prompt([self.words(1), self.image(4, 50, 50)])[1][0]
+        # The image starts a few tokens before the first chunk's end, so that boundary falls inside it.
+        add("image:across-chunk", [self.words(big - 5 - first.offset), self.image(4, 50, 50), self.words(5)])
+        image = self.image(5, 40, 70)
+        n = self.prompt([image])[1][0].length
+        add("image:many-chunks", [self.words(big + 7), image, self.words(max(1, room - 2 * big - n - 10))])
+        return out
+
+    def run_reuse(self, runner) -> list[tuple[Case, tuple]]:
+        """A second turn with the same image (its KV kept: the image matches by its bytes' digest), then
+        one with an image of the same size but other bytes (kept only up to it), each run where the
+        slot holds the turn before."""
+        same, other = self.image(6, 45, 61), self.image(7, 45, 61)
+        head, tail, more = self.words(4), self.words(3), self.words(2)
+        first, media = self.prompt([head, same, tail])
+        runner.greedy(first, 2, media=media)
+        out = []
+        for name, image in (("image:reuse-same", same), ("image:other-bytes", other)):
+            ids, media = self.prompt([head, image, tail, more])
+            case = Case(name, ids, STEPS, reused=runner.reusable(0, ids, media), media=media)
+            out.append((case, runner.greedy(ids, STEPS, reused=case.reused, media=media)))
+        return out

@@ -12,17 +12,16 @@ import torch
 from contract.graph_key import GraphKey
 from contract.hostside import HostInputs
 from contract.layout import KV_STATE, neuron_layout, signature
-from gemma4_port.compile.neuron import (
+from gemma4_port.compile.device_kv import (
     DECODER,
     DeviceKV,
     check_inputs,
-    check_spmd,
     empty_decoder,
     full_checkpoint,
     graph_inputs,
     load_buffers,
-    nxd_plan,
 )
+from gemma4_port.compile.nxd_plan import check_spmd, nxd_plan
 from gemma4_port.compile.tracing import CompileError
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from contract.artifact import ArtifactError, write_raw
-from gemma4_port.compile.neuron import kv_head_ranges
+from gemma4_port.compile.nxd_plan import kv_head_ranges
 from gemma4_port.port.kv import kv_shapes
 from gemma4_port.port.sharding import shard_model
 from gemma4_port.source.configs import text_config_for

@@ -23,222 +23,41 @@ import os
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Literal
 
 import torch
 from torch import nn
 
 from contract.artifact import Geometry
 from contract.dtypes import DTYPES
-from contract.graph_key import GraphKey, prefill_graphs
+from contract.graph_key import prefill_graphs
 from contract.hostside import HostInputs
-from contract.layout import HOST_KV, NXD_MODEL, NeuronLayout, neuron_layout, signature
+from contract.layout import HOST_KV, NXD_MODEL, NeuronLayout, neuron_layout
 from contract.versions import pin_problems
+from gemma4_port.compile.device_kv import (
+    GRAPHS,
+    DeviceKV,
+    RankGraph,
+    check_inputs,
+    empty_decoder,
+    full_checkpoint,
+    graph_inputs,
+)
+from gemma4_port.compile.nxd_plan import check_spmd, kv_head_ranges
 from gemma4_port.compile.pipeline import Build, step
 from gemma4_port.compile.platform import pin_platform
 from gemma4_port.compile.tracing import CompileError, example_inputs, geometry, trace_quietly
 from gemma4_port.port.decoder import Gemma4Decoder
-from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph
-from gemma4_port.port.kv import kv_shapes, ring_size
+from gemma4_port.port.graphs import PrefillGraph
 from gemma4_port.port.lint import check_traced
-from gemma4_port.port.sharding import SPLIT, ModelShard, ShardingError, shard_model
-from gemma4_port.source.checkpoint import CheckpointReader, cache_root
+from gemma4_port.port.sharding import ModelShard, shard_model
+from gemma4_port.source.checkpoint import cache_root
 from gemma4_port.source.manifest import Manifest, Toolchain, Variant
 from runtime.model.neuron_sdk import installed_versions, require
 
-GRAPHS = {"prefill": PrefillGraph, "decode": DecodeGraph, "copy": CopyGraph}
-DECODER = "graph.decoder."  # where Gemma4Decoder's tensors sit inside a DeviceKV module
 
-
-class DeviceKV(nn.Module):
-    """A flat graph whose KV buffers are module state: the inputs omit them, the outputs are still
-    (logits, *new_kv), and `aliases()` maps each buffer to the output holding its update, so the
-    compiled graph writes it in place on the device. ModelBuilder names the state by the buffers'
-    module names, "kv.0", "kv.1", ... (KV_STATE): the server reads and writes them under those."""
-
-    def __init__(self, graph: nn.Module, shapes, dtype: torch.dtype):
-        super().__init__()
-        self.graph = graph
-        self.kv = nn.ParameterList(nn.Parameter(torch.zeros(s, dtype=dtype), requires_grad=False) for s in shapes)
-
-    def forward(self, *inputs):
-        return self.graph(*inputs, *self.kv)
-
-    def aliases(self) -> dict[nn.Parameter, int]:
-        return {p: 1 + i for i, p in enumerate(self.kv)}  # output 0 is the logits
-
-
-def graph_inputs(host: HostInputs, geo, graph: GraphKey) -> tuple[torch.Tensor, ...]:
-    """A graph's example inputs without the KV tensors, which are state now."""
-    return example_inputs(host, geo, graph)[: len(signature(geo, graph))]
-
-
-def check_inputs(inputs, geo, graph: GraphKey) -> None:
-    """Refuse example inputs that differ from the graph signature before a long compile."""
-    want = signature(geo, graph)
-    bad = [
-        f"{n} is {tuple(t.shape)} {t.dtype}, the signature says {shape} {dtype}"
-        for (n, shape, dtype), t in zip(want, inputs)
-        if (tuple(t.shape), t.dtype) != (shape, dtype)
-    ]
-    if len(inputs) != len(want) or bad:
-        raise CompileError(f"{graph}: {len(inputs)} example inputs for {len(want)} names; " + "; ".join(bad))
-
-
-# -- the sharding plan as NxD parallel layers ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class NxdLinear:
-    """One linear the sharding plan splits, as the NxD layer that holds it. Sizes are global."""
-
-    path: str  # module path inside Gemma4Decoder
-    kind: Literal["column", "row"]
-    in_features: int
-    out_features: int
-
-    @property
-    def options(self) -> dict:
-        # Column outputs stay split for the per-head attention and the MLP product; a row layer
-        # takes the split input and all-reduces its partial sums itself.
-        return {"gather_output": False} if self.kind == "column" else {"input_is_parallel": True}
-
-    @property
-    def partition_dim(self) -> int:
-        return 0 if self.kind == "column" else 1  # of the (out, in) weight
-
-    def local_shape(self, tp: int) -> tuple[int, int]:
-        if self.kind == "column":
-            return self.out_features // tp, self.in_features
-        return self.out_features, self.in_features // tp
-
-    def rank_slice(self, tp: int, rank: int) -> tuple[int, int, int]:
-        """(dim, start, stop) that NxD's checkpoint sharder gives `rank`: chunk `rank` of `tp`."""
-        size = self.local_shape(tp)[self.partition_dim]
-        return self.partition_dim, rank * size, (rank + 1) * size
-
-
-def nxd_plan(m: ModelShard) -> list[NxdLinear]:
-    """Every tensor the plan splits, as an NxD parallel linear. Everything else (norms, PLE, lm_head,
-    and K/V whose heads do not divide, which the plan replicates) stays a plain module on each rank."""
-    out = []
-    for s in m.layers:
-        p = f"layers.{s.index}."
-        q = s.q_heads_total * s.head_dim
-        out += [
-            NxdLinear(p + "self_attn.q_proj", "column", m.hidden, q),
-            NxdLinear(p + "self_attn.o_proj", "row", q, m.hidden),
-        ]
-        if s.owns_cache and s.kv_rule == SPLIT:
-            kv = s.kv_heads_total * s.head_dim
-            out += [
-                NxdLinear(p + f"self_attn.{n}", "column", m.hidden, kv)
-                for n in (("k_proj",) if s.k_eq_v else ("k_proj", "v_proj"))
-            ]
-        out += [NxdLinear(p + f"mlp.{n}", "column", m.hidden, s.intermediate_total) for n in ("gate_proj", "up_proj")]
-        out.append(NxdLinear(p + "mlp.down_proj", "row", s.intermediate_total, m.hidden))
-    return out
-
-
-def check_spmd(shards: list[ModelShard]) -> None:
-    """ModelBuilder traces one rank's graph and runs it on all: ranks may differ in which slices they
-    hold, never in shapes or in which buffer heads their queries read."""
-
-    def graph(m):
-        return [(s.q_heads, s.kv_heads, s.kv_use_start, s.kv_use, s.groups, s.intermediate) for s in m.layers]
-
-    for m in shards[1:]:
-        if graph(m) != graph(shards[0]):
-            raise ShardingError(f"rank {m.rank} of tp {m.tp} needs another graph than rank 0: not SPMD")
-
-
-def kv_head_ranges(shards: list[ModelShard]) -> list[list[tuple[int, int]]]:
-    """[KV tensor][rank] -> (first head, heads) of the whole model's buffer that the rank holds."""
-    out = []
-    for layer in shards[0].cache_layers:
-        per_rank = [(m.layers[layer].kv_start, m.layers[layer].kv_heads) for m in shards]
-        out += [per_rank, per_rank]  # K, then V
-    return out
-
-
-# -- modules built for the tracers ---------------------------------------------------------------
-
-
-def empty_decoder(shard: ModelShard, dtype: torch.dtype) -> Gemma4Decoder:
-    """A decoder with uninitialised storage: no random init to pay for on a 12B model."""
-    with torch.device("meta"):
-        decoder = Gemma4Decoder(shard, dtype)
-    return decoder.to_empty(device="cpu")
-
-
-@torch.no_grad()
-def load_buffers(decoder: Gemma4Decoder, reader: CheckpointReader) -> None:
-    """NxD loads parameters, not buffers, and a buffer is traced in as it is: layer_scalar (~0.06)
-    must hold the checkpoint's value before tracing or every layer over-scales."""
-    buffers = dict(decoder.named_buffers())
-    for e in decoder.weight_map():
-        if e.name in buffers:
-            buffers[e.name].copy_(reader.get(e.key).to(buffers[e.name].dtype))
-
-
-def full_checkpoint(ckpt: Path, config, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The whole model at `dtype`, keyed as inside a DeviceKV: ModelBuilder slices it per rank."""
-    reader = CheckpointReader(ckpt)
-    with torch.device("meta"):
-        whole = Gemma4Decoder(shard_model(config), dtype)
-    return {DECODER + e.name: reader.get(e.key).to(dtype).contiguous() for e in whole.weight_map()}
-
-
-def to_nxd(decoder: Gemma4Decoder, plan: list[NxdLinear], dtype: torch.dtype) -> None:
-    from neuronx_distributed.parallel_layers.layers import ColumnParallelLinear, RowParallelLinear
-
-    layers = {"column": ColumnParallelLinear, "row": RowParallelLinear}
-    # NxD shards the whole checkpoint itself: its slice must be the one the plan (and the CPU path) reads.
-    planned = {w.name: (w.dim, w.start, w.stop) for w in decoder.weight_map()}
-    tp, rank = decoder.shard.tp, decoder.shard.rank
-    for e in plan:
-        parent, _, attr = e.path.rpartition(".")
-        old = decoder.get_submodule(e.path)
-        new = layers[e.kind](e.in_features, e.out_features, bias=False, dtype=dtype, **e.options)
-        if new.weight.shape != old.weight.shape:
-            raise ShardingError(
-                f"{e.path}: NxD holds {tuple(new.weight.shape)} per rank, the sharding plan {tuple(old.weight.shape)}"
-            )
-        if planned[e.path + ".weight"] != e.rank_slice(tp, rank):
-            raise ShardingError(
-                f"{e.path}: NxD gives rank {rank} the slice (dim, start, stop) {e.rank_slice(tp, rank)}, "
-                f"the sharding plan {planned[e.path + '.weight']}"
-            )
-        setattr(decoder.get_submodule(parent), attr, new)
-
-
-class RankGraph:
-    """A ModelBuilder model instance: load_module() builds the graph of the rank that NxD's
-    parallel_state names (rank 0 of the mocked setup while tracing; check_spmd made every rank's graph
-    the same), its split linears as NxD layers and its buffers from the checkpoint; get() returns it
-    with its KV aliases. ModelBuilder feeds the parameters from full_checkpoint, cut per rank."""
-
-    def __init__(self, ckpt: Path, config, variant: Variant, graph: str):
-        self.ckpt, self.config, self.variant, self.graph = ckpt, config, variant, graph
-
-    def load_module(self) -> None:
-        from neuronx_distributed.parallel_layers import parallel_state
-
-        v, dtype = self.variant, DTYPES[self.variant.dtype]
-        shard = shard_model(self.config, v.tp, parallel_state.get_tensor_model_parallel_rank())
-        if self.graph == "copy":  # no weights: the decoder only tells the copy its KV tensors' kinds
-            with torch.device("meta"):
-                decoder = Gemma4Decoder(shard, dtype)
-        else:
-            decoder = empty_decoder(shard, dtype)
-            if v.tp > 1:
-                to_nxd(decoder, nxd_plan(shard), dtype)
-            load_buffers(decoder, CheckpointReader(self.ckpt))
-        ring = ring_size(shard.sliding_window, v.kv_max, v.buckets)
-        self.module = DeviceKV(GRAPHS[self.graph](decoder), kv_shapes(shard, v.batch, v.kv_max, ring), dtype).eval()
-
-    def get(self, bucket_rank: int, **_) -> tuple[DeviceKV, dict]:
-        return self.module, self.module.aliases()
+def compiler_workdir(manifest: str, variant: str) -> Path:
+    """Where neuronx-cc writes a variant's HLO, neffs and logs (doctor copies the logs from here)."""
+    return cache_root() / "neuron-workdir" / f"{manifest}-{variant}"
 
 
 # -- the compile ---------------------------------------------------------------------------------
@@ -376,7 +195,7 @@ class NeuronGraphs:
             start.geo,
             HostInputs(start.geo, start.tables),
             start.out,
-            cache_root() / "neuron-workdir" / f"{manifest.name}-{variant.name}",
+            compiler_workdir(manifest.name, variant.name),
         )
         graphs = {}
         if layout.host_prefill:

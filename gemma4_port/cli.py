@@ -53,7 +53,7 @@ def _serve(args) -> int:
 
 
 def _doctor(args) -> int:
-    from gemma4_port.ops.doctor import doctor_main
+    from gemma4_port.ops.doctor.main import doctor_main
 
     return doctor_main(args)
 
@@ -123,12 +123,15 @@ def parser() -> argparse.ArgumentParser:
 
     d = sub.add_parser(
         "doctor",
-        help="check this inf2 machine against the pins, then compile, verify, serve and "
-        "bench every Neuron layout on the tiny manifests; a report to attach",
+        help="check this inf2 machine against the pins, then compile, verify, serve (and measure) every "
+        "Neuron layout on the tiny manifests and a shipped variant of each model at its real shapes "
+        "(random weights); a report folder to attach",
     )
     d.add_argument("--json", dest="json_out", help="also write the report as JSON here")
-    d.add_argument("--layouts", help="comma-separated subset of tp1,batch4,tp2-device-prefill,tp2-host-prefill")
-    d.add_argument("--work", help="folder for the artifacts and logs (default: under the cache)")
+    d.add_argument(
+        "--layouts", help="comma-separated subset of tp1,batch4,tp2-device-prefill,tp2-host-prefill,e2b,e4b,12b"
+    )
+    d.add_argument("--work", help="the report folder: report, artifacts and every log (default: under the cache)")
     d.set_defaults(run=_doctor)
 
     i = sub.add_parser("images", help="build (and push) the base / slim / tp2-slim images")

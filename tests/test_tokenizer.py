@@ -257,3 +257,15 @@ def test_media_parts_render_as_the_checkpoints_template_renders_them(small, larg
     assert render(large, messages, **kw) == real
     empty_block = "<|channel>thought\n<channel|>"
     assert render(small, messages, **kw) == real.removesuffix(empty_block if generation else "")
+
+
+def test_a_real_vocabulary_trains_the_corpus_and_fills_the_rest_with_unused_ids():
+    """A random model of a real checkpoint's shapes (doctor's stand-ins) gets the whole 262,144 ids."""
+    from gemma4_port.source.toy_tokenizer import TRAINED_MAX
+
+    real = train_tokenizer(262_144, 0)
+    assert len(real) == 262_144
+    ids = real("Capital of France? The sea, the sea. <|turn>user")["input_ids"]
+    assert len(ids) > 5 and max(ids) < TRAINED_MAX  # no merge reaches the filler
+    assert real.convert_ids_to_tokens(262_143) == "<unused262143>"
+    assert real.decode([TRAINED_MAX]) == f"<unused{TRAINED_MAX}>"

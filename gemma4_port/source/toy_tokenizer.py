@@ -152,6 +152,21 @@ def chat_template(empty_thought_block: bool) -> str:
     return TEMPLATE_FILE.read_text().replace("EMPTY_THOUGHT_BLOCK", "true" if empty_thought_block else "false", 1)
 
 
+# The corpus trains up to ~20,000 ids. A larger vocabulary (a random model of a real checkpoint's
+# shapes: 262,144) trains this many and fills the rest with <unused{i}> ids no merge produces, as
+# Gemma's own vocabulary holds unused ids: the embedding and lm_head get their real shapes.
+TRAINED_MAX = 16384
+
+
+def _padded(tok, vocab_size: int):
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    vocab.update({f"<unused{i}>": i for i in range(len(vocab), vocab_size)})
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 def train_tokenizer(vocab_size: int, seed: int, empty_thought_block: bool = False, texts: list[str] | None = None):
     """A `PreTrainedTokenizerFast` whose vocabulary is exactly `vocab_size` ids, with the chat template;
     its merges learnt from `texts` (a trained model's corpus), or by default from seeded pseudo-words."""
@@ -162,18 +177,20 @@ def train_tokenizer(vocab_size: int, seed: int, empty_thought_block: bool = Fals
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
+        vocab_size=min(vocab_size, TRAINED_MAX),
         special_tokens=list(SPECIAL_TOKENS),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tok.train_from_iterator(_corpus(seed) if texts is None else _without_specials(texts), trainer=trainer)
+    if vocab_size > TRAINED_MAX:
+        tok = _padded(tok, vocab_size)
     # Like Gemma's own tokenizer: plain prompts start with <bos>; the chat template writes its own.
     tok.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", BOS_ID)])
     if tok.get_vocab_size() != vocab_size:
         raise TokenizerTrainingError(
             f"the test tokenizer reached {tok.get_vocab_size()} ids, not vocab_size={vocab_size}; "
-            f"random models need vocab_size between {len(SPECIAL_TOKENS) + 256} and ~20000"
+            f"random models need vocab_size of at least {len(SPECIAL_TOKENS) + 256}"
         )
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,

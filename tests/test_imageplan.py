@@ -276,3 +276,40 @@ def test_a_neuron_image_of_a_local_checkpoint_is_refused():
     m = m.model_copy(update={"model": m.model.model_copy(update={"source": "/data/gemma"})})
     with pytest.raises(ImageError, match="model.source '/data/gemma' is a local folder; .* give a hub repo id"):
         plan_images(m, ImageOptions(flavour="neuron"))
+
+
+def test_the_neuron_base_installs_under_the_constraints_and_dispatches_by_command():
+    from gemma4_port.images.project import project_files
+    from gemma4_port.images.spec import ENTRYPOINT, NEURON_CONSTRAINTS
+
+    text = rendered("gemma-4-e2b-neuron")["gemma-4-e2b-neuron.base.Dockerfile"]
+    assert f"COPY app/{NEURON_CONSTRAINTS} /opt/neuron-constraints.txt" in text
+    installs = [line for line in text.splitlines() if "pip install" in line]
+    assert len(installs) == 2 and all("-c /opt/neuron-constraints.txt" in line for line in installs)
+    # the constraints reach the build context (app/) with the build tools, and doctor reads them there
+    assert {NEURON_CONSTRAINTS, ENTRYPOINT} <= set(project_files()[0])
+    assert text.rstrip().splitlines()[-1].startswith("    gemma4-inf2.compile-swap-gib")  # labels last
+    assert f'ENTRYPOINT ["bash", "/opt/gemma4/{ENTRYPOINT}"]' in text
+
+
+def test_the_entrypoint_runs_build_py_commands_by_name_and_anything_else_as_given(tmp_path):
+    from gemma4_port.images.spec import ENTRYPOINT
+
+    def run(*args):
+        env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"} | {
+            "GEMMA4_APP": str(ROOT),
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            "GEMMA4_INF2_CACHE": str(tmp_path),
+        }
+        return subprocess.run(
+            ["bash", str(ROOT / ENTRYPOINT), *args], capture_output=True, text=True, env=env, cwd=tmp_path
+        )
+
+    done = run("doctor", "--layouts", "tp3")
+    assert (
+        done.returncode == 2
+        and "error: --layouts tp3: no such layout" in done.stderr
+        and "Traceback" not in done.stderr
+    )
+    assert run("sh", "-c", "echo $PYTHONSAFEPATH; echo as-given").stdout == "\nas-given\n"  # untouched
+    assert "compile" in run().stdout  # no command: build.py's help

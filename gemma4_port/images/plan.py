@@ -22,9 +22,11 @@ from gemma4_port.images.dockerfile import build_args
 from gemma4_port.images.spec import (
     APP_DIR,
     DEFAULT_OS_IMAGE,
+    ENTRYPOINT,
     FLAVOURS,
     KINDS,
     NEURON_APT_REPO,
+    NEURON_CONSTRAINTS,
     OS_APT_PINS,
     PYTHON,
     SERVER_CONTEXT,
@@ -178,6 +180,8 @@ def _base_spec(
             "NEURON_TOOLS": tc.neuron_tools,
         }
         values.update(
+            constraints=NEURON_CONSTRAINTS,
+            entrypoint=ENTRYPOINT,
             weights_mode=weights,
             neuron_apt_repo=NEURON_APT_REPO,
             os_apt=" ".join(f"{p}={v}" for p, v in OS_APT_PINS.items()),

@@ -31,7 +31,9 @@ OS_APT_PINS = {"ca-certificates": "2024*", PYTHON["neuron"]: "3.11.*", f"{PYTHON
 # What each image carries, by package (repo-relative paths): the base runs `build.py compile` and
 # `verify`, which load an artifact through runtime.model as the server does; the slim adds the
 # server. A server change therefore rebuilds only the slim layer.
-BUILD_TOOLS = ("build.py", "contract", "gemma4_port", "runtime/__init__.py", "runtime/model")
+NEURON_CONSTRAINTS = "constraints/neuron.txt"  # the framework wheels under the Neuron SDK, pinned
+ENTRYPOINT = "gemma4_port/images/entrypoint.sh"  # the Neuron images': build.py's commands by name
+BUILD_TOOLS = ("build.py", "contract", "gemma4_port", "runtime/__init__.py", "runtime/model", NEURON_CONSTRAINTS)
 SERVER_CODE = ("contract", "runtime")
 SERVER_CONTEXT = "server"  # the slim's code, in one folder of its build context: one COPY, one layer
 

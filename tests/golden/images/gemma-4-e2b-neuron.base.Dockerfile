@@ -36,10 +36,13 @@ ENV PATH=/opt/venv/bin:/opt/aws/neuron/bin:$PATH \
     LD_LIBRARY_PATH=/opt/aws/neuron/lib \
     PYTHONUNBUFFERED=1
 # CPU-only torch first, from its own index (the PyPI wheel would pull CUDA), then the Neuron
-# packages at the manifest's exact builds from the Neuron index (the loader refuses any other).
+# packages at the manifest's exact builds from the Neuron index (the loader refuses any other), both
+# under the constraints that pin the framework wheels beneath them (torch, torch-xla, libneuronxla).
+COPY app/constraints/neuron.txt /opt/neuron-constraints.txt
 RUN python3.11 -m venv /opt/venv \
- && pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu "torch==${TORCH}" \
- && pip install --no-cache-dir --extra-index-url https://pip.repos.neuron.amazonaws.com \
+ && pip install --no-cache-dir -c /opt/neuron-constraints.txt --index-url https://download.pytorch.org/whl/cpu \
+    "torch==${TORCH}" \
+ && pip install --no-cache-dir -c /opt/neuron-constraints.txt --extra-index-url https://pip.repos.neuron.amazonaws.com \
     "neuronx-cc==${NEURONX_CC}" "torch-neuronx==${TORCH_NEURONX}" "neuronx-distributed==${NEURONX_DISTRIBUTED}" "transformers==${TRANSFORMERS}" "flask==3.1.3" "gunicorn==27.0.1" "pydantic==2.14.4" "pillow==13.0.0" "soundfile==0.14.0" "soxr==1.1.0"
 
 # Weights and compile in a throwaway stage: the checkpoint and the compiler's scratch stay out of the base.
@@ -64,9 +67,12 @@ FROM toolchain
 # One layer per artifact, before the code: a code change never re-uploads an artifact.
 COPY --from=compile /opt/gemma4/artifacts/512-128/ /opt/gemma4/artifacts/512-128/
 COPY --from=compile /opt/gemma4/artifacts/tp2-48k/ /opt/gemma4/artifacts/tp2-48k/
-# The build tools (build.py compile / verify) and the modules they import; the server lives in slim.
+# The build tools (build.py compile / verify / doctor) and the modules they import; the server lives in slim.
 COPY app/ /opt/gemma4/
 WORKDIR /opt/gemma4
+# `docker run --device /dev/neuron0 --ipc=host IMAGE doctor` runs build.py's command (the slim images,
+# which add the server, also serve it); any other command runs as given.
+ENTRYPOINT ["bash", "/opt/gemma4/gemma4_port/images/entrypoint.sh"]
 LABEL org.opencontainers.image.source="https://example.invalid/gemma4-inf2" \
     org.opencontainers.image.version="0.1.0" \
     org.opencontainers.image.revision="0000000000000000000000000000000000000000" \

@@ -132,6 +132,13 @@ def test_bad_tool_output_and_a_bad_core_setting_are_findings_not_tracebacks(tmp_
         checks["tool: neuron-monitor"].found == "printed no JSON: 'oops'"
         and not checks["tool: neuron-monitor"].blocking
     )
+    gap = {c.name: c for c in machine_checks(TC, healthy(env={"NEURON_RT_VISIBLE_CORES": "0,2"}))}
+    assert "the runtime needs contiguous cores" in gap["NeuronCores this process may use"].found
+    assert (
+        failing(healthy(env={"NEURON_RT_VISIBLE_CORES": "0,1"}))
+        == failing(healthy(env={"NEURON_RT_VISIBLE_CORES": "0-1"}))
+        == {}
+    )
     odd = healthy(neuron_ls=[{"nc_count": "two", "neuron_processes": None, "memory_size": "big"}])
     assert not {c.name: c for c in machine_checks(TC, odd)}["NeuronCores this process may use"].ok
 

@@ -15,7 +15,7 @@ from gemma4_port.port.sharding import shard_model
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
 from runtime.model.loader import load_artifact
-from runtime.model.neuron import join_kv, split_kv
+from runtime.model.neuron import join_kv, split_kv, state_problems
 from support import MANIFESTS
 
 TINY = ["tiny-e2b", "tiny-e4b", "tiny-12b"]
@@ -57,3 +57,13 @@ def test_a_neuron_artifact_under_other_sdk_versions_is_refused(compiled, tmp_pat
         match="neuronx-cc: compiled with 2.23.6484.0.*torch-neuronx: compiled with 2.8.0.2.10.16998, installed none",
     ):
         load_artifact(folder)
+
+
+def test_a_state_named_or_shaped_otherwise_than_the_artifact_is_named_at_load():
+    shapes = [(1, 1, 8, 4), (1, 1, 8, 4)]
+    good = {"kv.0": torch.zeros(shapes[0]), "kv.1": torch.zeros(shapes[1])}
+    assert state_problems([good, dict(good)], shapes) == []
+    renamed = {"graph.kv.0": good["kv.0"], "kv.1": torch.zeros(1, 1, 16, 4)}
+    assert state_problems([good, renamed], shapes) == [
+        "rank 1: missing ['kv.0'], unexpected ['graph.kv.0'], other shapes ['kv.1']"
+    ]

@@ -56,12 +56,32 @@ def logits_of(out) -> torch.Tensor:
     return out if isinstance(out, torch.Tensor) else out[0]
 
 
+def state_problems(state, shapes: list[tuple[int, ...]]) -> list[str]:
+    """What differs between each rank's state and the artifact's KV tensors kv.0 .. kv.{n-1}. ModelBuilder
+    keys the state by each INPUT_STATE tensor's checkpoint_key in the neff's metaneff (neuronx-distributed
+    v2.28.0 trace/model_builder.py:987-1001), which the HLO lowering (closed source) sets: as the module's
+    parameter names, by NxD's own use (spmd.py:84 finds NxD Inference's KV by ".past_key_values.", its
+    KVCacheManager's ParameterList). Checked here, so another naming fails the load in one line."""
+    want = {KV_STATE.format(index=i): tuple(shape) for i, shape in enumerate(shapes)}
+    out = []
+    for rank, held in enumerate(state):
+        found = {k: tuple(v.shape) for k, v in held.items()}
+        if found != want:
+            missing, extra = sorted(set(want) - set(found)), sorted(set(found) - set(want))
+            wrong = [k for k in set(want) & set(found) if want[k] != found[k]]
+            out.append(f"rank {rank}: missing {missing}, unexpected {extra}, other shapes {sorted(wrong)}")
+    return out
+
+
 class ResidentKV:
     """The model's KV state on the NeuronCores, per rank: the one place that resets, reads and writes
     it (the buckets update it in place through their aliases)."""
 
-    def __init__(self, nxd_model, count: int):
-        self.nxd_model, self.count = nxd_model, count
+    def __init__(self, nxd_model, shapes: list[tuple[int, ...]]):
+        self.nxd_model, self.count = nxd_model, len(shapes)
+        problems = state_problems(nxd_model.state, shapes)
+        if problems:
+            raise ArtifactError("the loaded Neuron model's KV state is not the artifact's: " + "; ".join(problems))
 
     @property
     def ranks(self) -> list[list[torch.Tensor]]:
@@ -80,7 +100,10 @@ class ResidentKV:
     def write(self, values: list[list[torch.Tensor]]) -> None:
         for rank, rank_values in zip(self.ranks, values, strict=True):
             for dst, src in zip(rank, rank_values, strict=True):
-                dst.copy_(src)  # into the device buffer, as NxD writes a state buffer
+                # In place into the device tensor: what NxD's own state writer does (neuronx-distributed
+                # v2.28.0 trace/nxd_model/nxd_model.py:418, write_to_neuron_buffer, the V2 model); the
+                # V1 model's state holds the same privateuseone tensors (trace/spmd.py:129).
+                dst.copy_(src)
 
 
 class _HostPrefill:
@@ -111,23 +134,24 @@ class NeuronBackend:
         folder, geo = Path(folder), meta.geometry
         self.layout = neuron_layout(geo.tp, geo.prefill, geo.buckets, geo.key_buckets, geo.batch)
         self.cores = rank_cores(geo.tp)
-        torch_neuronx = require("torch_neuronx", "torch-neuronx", meta.versions.get("torch-neuronx"))
+        require("torch_neuronx", "torch-neuronx", meta.versions.get("torch-neuronx"))
         require("neuronx_distributed", "neuronx-distributed", meta.versions.get("neuronx-distributed"))
         from safetensors.torch import load_file
 
-        # A plain torch.jit.load lets the runtime pick the least used core; inside the context the
-        # ranks start at the first core this process sees (start_nc is relative to the visible cores).
-        with torch_neuronx.neuron_cores_context(start_nc=0):
-            self.model = torch.jit.load(str(folder / meta.graphs["model"]))
-            weights = [load_file(str(folder / NXD_WEIGHTS.format(rank=r))) for r in range(geo.tp)]
-            self.model.nxd_model.initialize(weights, START_RANK)  # a loaded model refuses to run before
+        # Loaded as NxD Inference loads a ModelBuilder model (its SDK 2.28 release, models/
+        # application_base.py:326 and :414): a plain torch.jit.load, then initialize with the start rank;
+        # rank r's state and weights go to the r-th core this process sees (NxD trace/spmd.py:129,
+        # privateuseone:{rank}). torch_neuronx.neuron_cores_context is for torch_neuronx.trace models.
+        self.model = torch.jit.load(str(folder / meta.graphs["model"]))
+        weights = [load_file(str(folder / NXD_WEIGHTS.format(rank=r))) for r in range(geo.tp)]
+        self.model.nxd_model.initialize(weights, START_RANK)  # a loaded model refuses to run before
         del weights
         log.info(
             "Neuron model loaded: %d rank(s) on NeuronCore(s) %s",
             geo.tp,
             ",".join(map(str, self.cores)) if self.cores else "from 0 (NEURON_RT_VISIBLE_CORES unset: all cores)",
         )
-        self.kv = ResidentKV(self.model.nxd_model, len(geo.kv_shapes))
+        self.kv = ResidentKV(self.model.nxd_model, [tuple(shape) for shape in geo.kv_shapes])
         self.host_prefill = _HostPrefill(folder, meta) if self.layout.host_prefill else None
 
     def _run(self, inputs) -> torch.Tensor:

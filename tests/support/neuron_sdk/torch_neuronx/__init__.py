@@ -7,6 +7,6 @@ importing the real package registers `torch.classes.neuron` before `torch.jit.lo
 Neuron model. `torch_neuronx.trace` is not here: the project compiles through NxD ModelBuilder only.
 """
 
-from ._runtime import neuron_cores_context, visible_cores  # noqa: F401
+from ._runtime import visible_cores  # noqa: F401
 
 __version__ = "2.8.0.2.12.22436"

@@ -14,10 +14,9 @@ Sources (aws-neuron/neuronx-distributed at tag v2.28.0 unless named otherwise):
   parallel group, skipped when the group has one rank.
 - aws-neuron-sdk frameworks/torch/torch-neuronx/programming-guide/inference/core-placement.rst:
   NEURON_RT_VISIBLE_CORES names the cores a process owns ("0", "0,1", "4-5").
-- aws-neuron-sdk .../api-reference-guide/inference/api-torch-neuronx-core-placement.rst:
-  neuron_cores_context(start_nc=-1, nc_count=-1) sets the cores of models loaded inside it;
-  start_nc is relative to the visible cores; nc_count 0 or < -1, or above the visible count, is a
-  ValueError. Whether an NxD (SPMD) model honours a start_nc above 0 is not documented: raised here.
+- NxD Inference at its SDK 2.28 release (models/application_base.py:326, :414) loads a ModelBuilder
+  model with a plain torch.jit.load and places it by the start rank of initialize(); so does the
+  server, and torch_neuronx.neuron_cores_context (for torch_neuronx.trace models) is not modelled.
 """
 
 from __future__ import annotations
@@ -30,7 +29,6 @@ import threading
 import torch
 
 MACHINE_CORES = 2  # one Inferentia2 chip (inf2.xlarge / inf2.8xlarge): two NeuronCore-v2
-_default = {"start_nc": -1, "nc_count": -1}
 _local = threading.local()
 _graphs: dict[tuple[int, int], torch.jit.ScriptModule] = {}
 _graphs_lock = threading.Lock()
@@ -52,20 +50,6 @@ def visible_cores() -> list[int]:
             f"NEURON_RT_VISIBLE_CORES={raw}: no NeuronCore {bad} on this machine (it has {MACHINE_CORES})"
         )
     return cores
-
-
-@contextlib.contextmanager
-def neuron_cores_context(start_nc: int = -1, nc_count: int = -1):
-    if nc_count == 0 or nc_count < -1:
-        raise ValueError(f"Invalid NeuronCore count nc_count={nc_count}")
-    if nc_count > len(visible_cores()):
-        raise ValueError(f"Invalid NeuronCore count nc_count={nc_count}. NeuronCores available: {len(visible_cores())}")
-    old = dict(_default)
-    _default.update(start_nc=start_nc, nc_count=nc_count)
-    try:
-        yield
-    finally:
-        _default.update(old)
 
 
 @contextlib.contextmanager
@@ -101,8 +85,6 @@ def _all_reduce(x: torch.Tensor) -> torch.Tensor:
 def _place(ranks: int, start_rank: torch.Tensor) -> list[int]:
     if int(start_rank.reshape(-1)[0]) != 0:
         raise NotImplementedError("the stand-in models one node: start_rank must be 0")
-    if _default["start_nc"] > 0:
-        raise NotImplementedError("an NxD model placed from start_nc > 0 is not modelled")
     cores = visible_cores()
     if ranks > len(cores):
         raise RuntimeError(

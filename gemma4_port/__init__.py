@@ -19,7 +19,11 @@ def checkout() -> Path | None:
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a child Python process that imports these packages, from whatever folder it
-    runs in: ROOT first on its path (a checkout need not be installed; site-packages is there anyway)."""
+    runs in: ROOT first on its path (a checkout need not be installed; site-packages is there anyway),
+    unless the path already names it: then its order stands (the slim image puts its server's folder
+    before the base's, whose runtime/ holds only the load path: images/entrypoint.sh)."""
     env = dict(os.environ if env is None else env)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    given = env.get("PYTHONPATH", "")
+    if str(ROOT) not in given.split(os.pathsep):
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), given) if p)
     return env

@@ -313,3 +313,11 @@ def test_the_entrypoint_runs_build_py_commands_by_name_and_anything_else_as_give
     )
     assert run("sh", "-c", "echo $PYTHONSAFEPATH; echo as-given").stdout == "\nas-given\n"  # untouched
     assert "compile" in run().stdout  # no command: build.py's help
+
+
+def test_a_child_keeps_the_slim_images_server_ahead_of_the_base_copy():
+    from gemma4_port import ROOT, child_env
+
+    slim = os.pathsep.join(["/app", str(ROOT)])  # the entrypoint's PYTHONPATH in the slim image
+    assert child_env({"PYTHONPATH": slim})["PYTHONPATH"] == slim
+    assert child_env({"PYTHONPATH": "/x"})["PYTHONPATH"] == os.pathsep.join([str(ROOT), "/x"])

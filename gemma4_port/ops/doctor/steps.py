@@ -16,7 +16,7 @@ from pathlib import Path
 
 import psutil
 
-from gemma4_port import ROOT
+from gemma4_port import child_env
 
 TIMEOUT_S = {"compile": 6 * 3600, "verify": 3600, "serve": 1800, "bench": 3600}
 TAIL_LINES = 5  # of a failed step's log, in the report's table; the whole log is in the folder
@@ -80,7 +80,8 @@ def tail(log: Path, lines: int = TAIL_LINES) -> str:
 
 
 def run_cli(target: str, step: str, args: list, env: dict, report: Path, log: Path) -> Step:
-    """`build.py ARGS` with its output in `log` (inside the `report` folder)."""
+    """`python -m gemma4_port ARGS` (build.py's command line, from a checkout or a wheel) with its output
+    in `log` (inside the `report` folder)."""
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     rc: int | None = None
@@ -89,11 +90,10 @@ def run_cli(target: str, step: str, args: list, env: dict, report: Path, log: Pa
     with open(log, "w") as out:
         try:
             proc = subprocess.Popen(
-                [sys.executable, str(ROOT / "build.py"), *map(str, args)],
+                [sys.executable, "-m", "gemma4_port", *map(str, args)],
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                cwd=ROOT,
-                env=env,
+                env=child_env(env),
             )
         except OSError as exc:
             why = f"could not start: {exc}"

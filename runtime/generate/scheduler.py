@@ -29,6 +29,7 @@ from runtime.generate.grammar import GrammarError
 from runtime.generate.output import OutputProcessor
 from runtime.generate.sequence import Failed, Finished, Job, Running
 from runtime.metrics import Metrics
+from runtime.model.media import keyed
 from runtime.model.prefix import choose_slot, forkable, spare_slot
 from runtime.model.runner import ModelRunner
 from runtime.model.slots import Slot, SlotState
@@ -128,12 +129,12 @@ class Scheduler:
         slot, reused = choose_slot(
             self.geometry,
             {s.index: s.tokens if reuse else None for s in free},
-            job.prefill_tokens,
+            keyed(job.prefill_tokens, job.media),  # an image matches only an image of the same bytes
             {s.index: s.reach for s in free},
         )
         self.metrics.prefix_admitted(reused)
         self.runner.slots[slot].request = live
-        self.runner.start(slot, job.prefill_tokens, reused)
+        self.runner.start(slot, job.prefill_tokens, reused, job.media)
 
     @contextlib.contextmanager
     def _alone(self, job: Job) -> Iterator[None]:
@@ -189,7 +190,7 @@ class Scheduler:
             s
             for s in slots
             if s.state is not SlotState.PREFILLING
-            and forkable(self.geometry, s.tokens, job.prompt, s.reach)
+            and forkable(self.geometry, s.tokens, keyed(job.prompt, job.media), s.reach)
             and (self.settings.prefix_reuse or (not s.free and s.request.job.shared is shared))
         ]
         best = min(held, key=lambda s: (not s.free, len(s.tokens)), default=None)

@@ -22,6 +22,7 @@ from runtime.generate.grammar import GrammarMatcher
 from runtime.generate.logits import Controls, TokenChooser
 from runtime.generate.logprobs import TokenLogprob
 from runtime.generate.sampling import SamplingParams
+from runtime.model.media import MediaInput
 
 ABANDON_POLL_S = 0.05  # how often a waiting request asks whether its client is still there
 
@@ -105,6 +106,7 @@ class Job:
     grammar: GrammarMatcher | None = field(default=None, repr=False)
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None  # alternatives per prompt token when the prompt's logprobs are asked for
+    media: tuple[MediaInput, ...] = ()  # the prompt's images and clips, in order (never with prompt_logprobs)
     index: int = 0  # the choice this job produces; the n jobs of one request share one event queue
     shared: SharedPrompt | None = field(default=None, repr=False)  # n > 1: shared by the n jobs
     accepted: float = field(default_factory=time.perf_counter)
@@ -125,6 +127,10 @@ class Job:
         fed one decode step per token (teacher forcing, beside the other slots' steps), each step's
         logits scoring the next prompt token; no retained prefix is reused for it."""
         return self.prompt[:1] if self.prompt_logprobs is not None else self.prompt
+
+    def __post_init__(self):
+        if self.media and self.prompt_logprobs is not None:  # the API refuses it (a 400)
+            raise ValueError("a prompt with media prefills whole: its logprobs cannot be fed a token at a time")
 
     def put(self, event: Event) -> None:
         self._events.put(event)

@@ -204,6 +204,19 @@ CONVERSATIONS = {
     "parallel calls, results out of order": [USER, TWO_CALLS, RESULT_2, RESULT_1],
     "an answer after the results": [USER, TWO_CALLS, RESULT_1, RESULT_2, ANSWER, BYE],
     "an answer ending the history": [USER, CALLS, RESULT_1, ANSWER],
+    "an image and a clip": [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": " What is this? "},
+                {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+                {"type": "text", "text": "And this:"},
+                {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
+            ],
+        },
+        {"role": "assistant", "content": "A cat."},
+        BYE,
+    ],
     "two rounds of calls": [
         USER,
         CALLS,

@@ -44,8 +44,10 @@ def arguments(text: str, where: str) -> dict:
 
 
 def template_dict(m: Message, where: str, names: ToolNames) -> dict:
-    """One message as the template's dict, its calls' names aliased and their arguments decoded."""
-    out: dict = {"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
+    """One message as the template's dict, its calls' names aliased and their arguments decoded, a
+    list of parts as the template's parts (text, and `image` / `audio` where its placeholder goes)."""
+    content = [p.template() for p in m.content] if isinstance(m.content, list) else m.content or ""
+    out: dict = {"role": "system" if m.role == "developer" else m.role, "content": content}
     for i, c in enumerate(m.tool_calls or ()):
         args = arguments(c.function.arguments, f"{where}.tool_calls.{i}")
         out.setdefault("tool_calls", []).append(
@@ -145,7 +147,7 @@ def template_messages(messages: list[Message], names: ToolNames) -> list[dict]:
             # Matched by id; a result for an unknown id takes the call in its position.
             nth = m.tool_calls[min(len(responses), len(m.tool_calls) - 1)].function.name
             responses.append(
-                {"name": names.alias(by_id.get(t.tool_call_id or "", nth)), "response": tool_result(t.content)}
+                {"name": names.alias(by_id.get(t.tool_call_id or "", nth)), "response": tool_result(t.text())}
             )
             i += 1
         if responses:
@@ -153,8 +155,8 @@ def template_messages(messages: list[Message], names: ToolNames) -> list[dict]:
         # The answer after the results ends the same model turn; the calling message's own text gives way
         # to it (the template writes content after the results).
         turn["content"] = ""
-        if i < len(messages) and messages[i].role == "assistant" and not messages[i].tool_calls and messages[i].content:
-            turn["content"] = messages[i].content
+        if i < len(messages) and messages[i].role == "assistant" and not messages[i].tool_calls and messages[i].text():
+            turn["content"] = messages[i].text()
             i += 1
     return out
 

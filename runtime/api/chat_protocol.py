@@ -1,26 +1,28 @@
 """The chat request's messages and tools as OpenAI defines them, strictly typed: messages of every
-role (a tool message names the call it answers, only an assistant's carries `tool_calls`), function
+role (a tool message names the call it answers, only an assistant's carries `tool_calls`, only a
+user's carries image and audio parts), content parts (`text`, `image_url`, `input_audio`), function
 tools with OpenAI's name rule, and `tool_choice`. chat.py renders them through the template."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PlainValidator, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PlainValidator,
+    TypeAdapter,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
+from runtime.api.media_prompt import MediaPart
 from runtime.api.tool_names import OPENAI_NAME
 from runtime.log_gate import shown
-
-
-def text_content(value) -> str | None:
-    """A string, None, or OpenAI's list of content parts, of which only text is supported."""
-    if value is None or isinstance(value, str):
-        return value
-    if isinstance(value, list) and all(
-        isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in value
-    ):
-        return "".join(p["text"] for p in value)
-    raise ValueError('must be a string or a list of {"type": "text", "text": ...} parts (only text is supported)')
 
 
 class _Strict(BaseModel):
@@ -58,6 +60,76 @@ class ToolChoiceFunction(_Strict):
 ToolChoice = Literal["none", "auto", "required"] | ToolChoiceFunction
 
 
+# -- content parts: as the openai client sends them (openai.types.chat's ChatCompletionContentPart*Param).
+# A list of text parts only is the text it joins to; a list with media keeps its parts in order, so the
+# chat template can put each placeholder where its part is.
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+    def template(self) -> dict:
+        return {"type": "text", "text": self.text}
+
+
+class ImageURL(_Strict):
+    url: str  # a data: URL, or an http(s) URL the operator's hosts allow
+    detail: Literal["auto", "low", "high", "original"] | None = None  # accepted; Gemma-4 has one budget per image
+
+
+class ImagePart(_Strict):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+    def template(self) -> dict:
+        return {"type": "image"}
+
+    def media(self, where: str) -> MediaPart:
+        return MediaPart("image", f"{where}.image_url.url", self.image_url.url)
+
+
+class InputAudio(_Strict):
+    data: str  # base64
+    format: Literal["wav", "mp3"]
+
+
+class AudioPart(_Strict):
+    type: Literal["input_audio"]
+    input_audio: InputAudio
+
+    def template(self) -> dict:
+        return {"type": "audio"}
+
+    def media(self, where: str) -> MediaPart:
+        return MediaPart("audio", f"{where}.input_audio.data", self.input_audio.data, self.input_audio.format)
+
+
+Part = Annotated[TextPart | ImagePart | AudioPart, Discriminator("type")]
+PARTS: TypeAdapter[TextPart | ImagePart | AudioPart] = TypeAdapter(Part)
+KINDS = "text, image_url and input_audio"
+
+
+def content_parts(value) -> str | list[TextPart | ImagePart | AudioPart] | None:
+    """A message's content: a string, None, or a list of parts (only text: the string they join to)."""
+    if value is None or isinstance(value, str):
+        return value
+    if not isinstance(value, list):
+        raise ValueError(f"must be a string or a list of content parts ({KINDS})")
+    parts = []
+    for j, item in enumerate(value):
+        kind = item.get("type") if isinstance(item, dict) else None
+        try:
+            parts.append(PARTS.validate_python(item))
+        except ValidationError as exc:
+            what = exc.errors()[0]
+            field = ".".join(str(p) for p in what["loc"][1:])  # past the union's tag
+            if what["type"] == "union_tag_invalid" or not isinstance(item, dict) or "type" not in item:
+                raise ValueError(f"part {j} has type {kind!r}; the parts this server takes are {KINDS}") from None
+            raise ValueError(f"part {j} ({kind}): {field + ': ' if field else ''}{what['msg']}") from None
+    if all(isinstance(p, TextPart) for p in parts):
+        return "".join(p.text for p in parts)  # type: ignore[union-attr]  # all text parts
+    return parts
+
+
 class FunctionCall(_Strict):
     name: str
     arguments: str
@@ -75,7 +147,9 @@ class Message(_Strict):
     tool_calls: list[AssistantToolCall] | None = None
     tool_call_id: str | None = Field(default=None, validate_default=True)
     reasoning_content: str | None = None
-    content: Annotated[str | None, PlainValidator(text_content)] = Field(default=None, validate_default=True)
+    content: Annotated[str | list[Part] | None, PlainValidator(content_parts)] = Field(
+        default=None, validate_default=True
+    )
 
     @field_validator("tool_calls")
     @classmethod
@@ -96,4 +170,17 @@ class Message(_Strict):
     def _content(cls, value, info: ValidationInfo):
         if value is None and not (info.data.get("role") == "assistant" and info.data.get("tool_calls")):
             raise ValueError("is required (only an assistant message with tool_calls may omit it)")
+        if isinstance(value, list) and info.data.get("role") != "user":
+            raise ValueError("only user messages carry image_url and input_audio parts")
         return value
+
+    def text(self) -> str:
+        """The message's text (a list's text parts joined)."""
+        if isinstance(self.content, list):
+            return "".join(p.text for p in self.content if isinstance(p, TextPart))
+        return self.content or ""
+
+    def media(self, where: str) -> list[MediaPart]:
+        """Its image and audio parts, in order, each named by its place in the request."""
+        parts = self.content if isinstance(self.content, list) else []
+        return [p.media(f"{where}.content.{j}") for j, p in enumerate(parts) if not isinstance(p, TextPart)]

@@ -21,7 +21,8 @@ from werkzeug.exceptions import HTTPException, RequestEntityTooLarge
 from runtime.api.bodies import ResponseSpec, stream, whole
 from runtime.api.caps import check_costs, check_total, default_budget, over
 from runtime.api.chat import ChatTemplateError, chat_call, template_kwargs, tool_names
-from runtime.api.openai_errors import APIError
+from runtime.api.media_request import expand_media, prepare_media
+from runtime.api.openai_errors import RETRY_AFTER_S, APIError
 from runtime.api.protocol import ChatCompletionRequest, GenerationRequest, StreamOptions, ignored_fields
 from runtime.api.reply_parser import ReplyParser
 from runtime.api.state import server_state
@@ -35,10 +36,10 @@ from runtime.generate.grammar import Grammar, GrammarError, GrammarMatcher
 from runtime.generate.grammar_checks import GrammarLimitError
 from runtime.generate.sequence import DoesNotFit, Job, token_budget
 from runtime.log_gate import shown
+from runtime.model.media import MediaInput
 
 log = logging.getLogger("gemma4.api")
 
-RETRY_AFTER_S = "1"
 Body = TypeVar("Body", bound=BaseModel)
 
 
@@ -214,6 +215,7 @@ def submit(
     default: int | None = None,
     skip_special_tokens: bool = True,
     imposed: tuple[str, Grammar] | None = None,
+    media: tuple[MediaInput, ...] = (),
 ) -> Job:
     if not prompt:
         raise APIError(400, f"{param}: the prompt is empty (no tokens to start from)", param=param, code="empty_prompt")
@@ -235,6 +237,7 @@ def submit(
         grammar=compile_grammar(eng, body, imposed),
         skip_special_tokens=skip_special_tokens,
         prompt_logprobs=body.prompt_alternatives(),
+        media=media,
     )
     try:
         return eng.submit(job, runs)
@@ -293,8 +296,9 @@ def start_chat(eng: Engine, body: ChatCompletionRequest) -> ChatRun:
     check_model(eng, body.model)
     state = server_state()
     check_costs(body, state.limits)
-    check_size(eng, [m.content or "" for m in body.messages], "messages")
+    check_size(eng, [m.text() for m in body.messages], "messages")
     names = tool_names(body.tools, body.messages)  # aliases for names Gemma's call syntax cannot carry
+    items = prepare_media(eng, body.media_parts())
     with template_errors():
         call = chat_call(
             eng.tokenizer, body.messages, body.tools, body.tool_choice, body.chat_template_kwargs, names, state.limits
@@ -302,13 +306,16 @@ def start_chat(eng: Engine, body: ChatCompletionRequest) -> ChatRun:
     text = render_prompt(eng, call)
     with state.tokenizer_lock:
         prompt = eng.tokenizer(text, add_special_tokens=False).input_ids  # the template writes <bos>
+    prompt, media = expand_media(eng, prompt, items)
     with template_errors():  # a tool schema the grammar cannot follow, or one past a cap, is a 400 too
         thinking = template_kwargs(body.chat_template_kwargs, state.limits).get("enable_thinking") is True
         limits = eng.settings.grammar_limits
         grammar = forced(eng.tokenizer, body.tools, body.tool_choice, body.parallel_tool_calls, limits, names, thinking)
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # The reply's parser needs the special tokens as boundaries; it drops them from what it passes on.
-    job = submit(eng, body, list(prompt), max_tokens, "messages", skip_special_tokens=False, imposed=grammar)
+    job = submit(
+        eng, body, prompt, max_tokens, "messages", skip_special_tokens=False, imposed=grammar, media=tuple(media)
+    )
     parser = functools.partial(
         ReplyParser, eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens, names=names
     )

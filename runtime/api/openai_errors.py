@@ -14,6 +14,7 @@ from runtime.log_gate import shown
 
 log = logging.getLogger("gemma4.api")
 MAX_PARAM_CHARS = 128
+RETRY_AFTER_S = "1"  # what a 503 for a full queue or busy threads tells the client to wait
 
 # OpenAI's error types by status (https://platform.openai.com/docs/guides/error-codes).
 TYPES = {

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
 from runtime.api.chat_protocol import Message, Tool, ToolChoice
+from runtime.api.media_prompt import MediaPart
 from runtime.api.openai_errors import APIError
 from runtime.generate.grammar import Grammar
 from runtime.generate.logits import Controls
@@ -238,6 +239,18 @@ class ChatCompletionRequest(GenerationRequest):
 
     def parses_tools(self) -> bool:
         return bool(self.tools) and self.tool_choice != "none"
+
+    def media_parts(self) -> list[MediaPart]:
+        """Its messages' image and audio parts, in the order the prompt holds them."""
+        parts = [part for i, m in enumerate(self.messages) for part in m.media(f"messages.{i}")]
+        if parts and self.prompt_logprobs is not None:
+            raise APIError(
+                400,
+                "prompt_logprobs: not available for a prompt with images or audio (their soft tokens prefill whole)",
+                param="prompt_logprobs",
+                code="unsupported_parameter",
+            )
+        return parts
 
     def logprob_alternatives(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:

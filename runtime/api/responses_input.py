@@ -57,8 +57,8 @@ def chat_messages(body: ResponsesRequest) -> list[dict]:
         elif item.role == "assistant":
             assistant(item.text())
             turn_open = True
-        else:
-            out.append({"role": item.role, "content": item.text()})
+        else:  # a user message may carry images and audio (the chat request checks the other roles)
+            out.append({"role": item.role, "content": item.chat_content(f"input.{i}")})
             turn_open = False
     return out
 

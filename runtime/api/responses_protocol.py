@@ -18,7 +18,7 @@ from runtime.api.protocol import LenientModel
 
 
 class TextPart(LenientModel):
-    """A text part of a message's content. Images, files and audio are not supported (text only)."""
+    """A text part of a message's content."""
 
     type: Literal["input_text", "output_text", "text", "refusal"]
     text: str | None = None
@@ -27,18 +27,69 @@ class TextPart(LenientModel):
     def value(self) -> str:
         return (self.refusal if self.type == "refusal" else self.text) or ""
 
+    def chat(self, where: str) -> dict:
+        return {"type": "text", "text": self.value()}
+
+
+class InputImagePart(LenientModel):
+    """An image (openai's ResponseInputImageParam): `image_url` is a data: URL or an http(s) URL of a
+    host the operator allows; a `file_id` needs a file store, which this server does not keep."""
+
+    type: Literal["input_image"]
+    detail: Literal["low", "high", "auto", "original"] = "auto"  # accepted; Gemma-4 has one budget per image
+    image_url: str | None = None
+    file_id: str | None = None
+
+    def chat(self, where: str) -> dict:
+        if self.image_url is None:
+            param = f"{where}.file_id" if self.file_id is not None else f"{where}.image_url"
+            raise APIError(
+                400,
+                f"{param}: this server keeps no files; send the image as image_url (a data: URL)",
+                param=param,
+                code="unsupported_parameter" if self.file_id is not None else "invalid_value",
+            )
+        return {"type": "image_url", "image_url": {"url": self.image_url, "detail": self.detail}}
+
+
+class AudioData(LenientModel):
+    data: str  # base64
+    format: Literal["mp3", "wav"]
+
+
+class InputAudioPart(LenientModel):
+    """An audio clip (openai's ResponseInputAudioParam), base64 in `input_audio.data`."""
+
+    type: Literal["input_audio"]
+    input_audio: AudioData
+
+    def chat(self, where: str) -> dict:
+        return {"type": "input_audio", "input_audio": self.input_audio.model_dump(include={"data", "format"})}
+
+
+InputPart = Annotated[TextPart | InputImagePart | InputAudioPart, Discriminator("type")]
+
 
 class MessageItem(LenientModel):
     """A message: OpenAI's EasyInputMessage (no `type`, string content) or a typed one (a list of parts)."""
 
     type: Literal["message"] = "message"
     role: Literal["user", "system", "developer", "assistant"]
-    content: str | list[TextPart]
+    content: str | list[InputPart]
     id: str | None = None
     status: str | None = None
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.value() for p in self.content)
+        """The text parts joined (the media parts are the chat message's: chat_content)."""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.value() for p in self.content if isinstance(p, TextPart))
+
+    def chat_content(self, where: str) -> str | list[dict]:
+        """The content as a chat message carries it: the text, or its parts in order when one is media."""
+        if isinstance(self.content, str) or all(isinstance(p, TextPart) for p in self.content):
+            return self.text()
+        return [p.chat(f"{where}.content.{j}") for j, p in enumerate(self.content)]
 
 
 class FunctionCallItem(LenientModel):

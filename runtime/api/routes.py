@@ -29,6 +29,7 @@ from runtime.api.handling import (
     template_errors,
     token_bytes,
 )
+from runtime.api.media_request import expand_media, prepare_media
 from runtime.api.openai_errors import APIError
 from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from runtime.api.responses_input import chat_request
@@ -186,12 +187,15 @@ def tokenize_text():
     state = server_state()
     if body.messages is not None:
         check_messages(body.messages, state.limits)
+        # images and audio count their soft tokens, as the chat route would prefill them
+        items = prepare_media(eng, [p for i, m in enumerate(body.messages) for p in m.media(f"messages.{i}")])
         with template_errors():
             dicts = template_messages(body.messages, tool_names(None, body.messages))  # as chat converts them
         call = template_call(eng.tokenizer, dicts, None, body.add_generation_prompt, {})
         text = render_prompt(eng, call, fit=False)  # a count may exceed the context: max_model_len is beside it
         with state.tokenizer_lock:
             ids = eng.tokenizer(text, add_special_tokens=False).input_ids  # the template writes <bos>
+        ids, _ = expand_media(eng, ids, items)
     else:
         with state.tokenizer_lock:
             ids = eng.tokenizer(body.prompt, add_special_tokens=body.add_special_tokens).input_ids

@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING
 
 from flask import Flask, current_app
 
+from runtime.bounded import BoundedThreads
 from runtime.log_gate import LogGate, SeenOnce, shown
-from runtime.settings import RequestLimits
+from runtime.settings import MediaLimits, RequestLimits
 
 if TYPE_CHECKING:  # the gunicorn master reads the state's module too, and must not import torch
+    from runtime.api.media_prompt import MediaProcessors
     from runtime.api.templating import Templates
     from runtime.generate.engine import Engine
 
@@ -36,6 +38,10 @@ class ServerState:
     _ignored: SeenOnce = field(init=False)
     _ignored_gate: LogGate = field(default_factory=LogGate)
     templates: Templates = field(init=False)  # chat templates, outside the tokenizer lock, bounded
+    media: MediaLimits = field(default_factory=MediaLimits)  # the app's settings' (create_app)
+    preparer: BoundedThreads = field(init=False)  # media parts fetched, decoded and preprocessed, with a deadline
+    _processors: MediaProcessors | None = field(default=None, init=False)
+    _processors_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self):
         limits = self.limits
@@ -43,6 +49,17 @@ class ServerState:
         from runtime.api.templating import Templates  # transformers' templating: the worker's, not the master's
 
         self.templates = Templates(limits)
+        self.preparer = BoundedThreads("media", self.media.prepare_threads)
+
+    def processors(self) -> MediaProcessors:
+        """The media processors of the engine's model (one that takes media), made on first use: the
+        model is loaded by then, and the server's media modules stay out of the gunicorn master."""
+        with self._processors_lock:
+            if self._processors is None:
+                from runtime.api.media_prompt import processors_for
+
+                self._processors = processors_for(self.engine.model, self.media)
+            return self._processors
 
     def log_ignored(self, names: list[str]) -> None:
         """Unknown request fields, each named once while the set of names seen has room, at most

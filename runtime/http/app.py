@@ -25,7 +25,7 @@ def create_app(config: ServerSettings, engine: Engine | None = None) -> Flask:
     assert isinstance(app.json, DefaultJSONProvider)  # Flask's own
     app.json.sort_keys = False  # keys in the order the bodies write them, as OpenAI's
     eng = engine or Engine(config).start()
-    state = ServerState(eng, config.requests)
+    state = ServerState(eng, config.requests, media=config.media)
     install(app, state)
     openai_errors.register(app)
     app.register_blueprint(openai_bp)

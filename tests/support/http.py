@@ -36,9 +36,10 @@ def client(settings, engine):
     return create_app(settings, engine).test_client()
 
 
-def openai_client(engine) -> openai.OpenAI:
-    """The official client, on the app in process (WSGI), as it would talk to the server."""
-    app = create_app(engine.settings, engine)
+def openai_client(engine, **settings) -> openai.OpenAI:
+    """The official client, on the app in process (WSGI), as it would talk to the server; `settings`
+    replace the engine's own for the app (its limits)."""
+    app = create_app(engine.settings.model_copy(update=settings), engine)
     return openai.OpenAI(
         base_url="http://app.test/v1",
         api_key="unused",

@@ -1,0 +1,243 @@
+"""Images through the OpenAI API on the tiny multimodal artifact, driven by the official `openai`
+client: the server's greedy tokens equal transformers' Gemma4ForConditionalGeneration for the same
+image, /tokenize counts the soft tokens, a repeated image keeps its prefilled KV (and only the same
+bytes do), and every limit is a 400 naming itself."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import io
+import threading
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+from PIL import Image
+from transformers.models.gemma4 import Gemma4ImageProcessorPil
+
+from gemma4_port.verify.reference import load_reference, reference_greedy
+from runtime.api.handling import token_bytes
+from runtime.http.app import create_app
+from runtime.settings import MediaLimits, ServerSettings
+from support.engines import ready
+from support.http import openai_client
+
+STEPS = 6
+
+
+def png(width: int, height: int, seed: int) -> bytes:
+    pixels = np.random.default_rng(seed).integers(0, 255, (height, width, 3), dtype=np.uint8)
+    out = io.BytesIO()
+    Image.fromarray(pixels).save(out, format="PNG")
+    return out.getvalue()
+
+
+PHOTO, OTHER = png(61, 45, 0), png(61, 45, 1)  # the same size: the same placeholder ids, other bytes
+
+
+def data_url(data: bytes) -> str:
+    return "data:image/png;base64," + base64.b64encode(data).decode()
+
+
+def ask(text: str, *images: str) -> list[dict]:
+    parts = [{"type": "text", "text": text}, *({"type": "image_url", "image_url": {"url": u}} for u in images)]
+    return [{"role": "user", "content": parts}]
+
+
+@pytest.fixture(scope="module")
+def engine(compiled):
+    with ready(ServerSettings(artifact=compiled("tiny-e2b", "image"))) as eng:
+        yield eng
+
+
+def client(engine, **media) -> openai.OpenAI:
+    """The openai client on an app over the shared engine, with these media limits."""
+    return openai_client(engine, media=MediaLimits(**media))
+
+
+@pytest.fixture(scope="module")
+def reference(engine):
+    """(prompt ids, greedy tokens) of transformers' model for a question about one image: the
+    checkpoint's own image processor, the placeholder expanded as Gemma4Processor expands it."""
+    tok, checkpoint = engine.tokenizer, Path(engine.model.meta.checkpoint)
+    model = load_reference(checkpoint)
+    budget = engine.geometry.vision.max_soft_tokens
+    processor = Gemma4ImageProcessorPil.from_pretrained(str(checkpoint), max_soft_tokens=budget)
+
+    def run(text: str, image: bytes) -> tuple[list[int], list[int]]:
+        parts = [{"type": "text", "text": text}, {"type": "image"}]
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": parts}], add_generation_prompt=True, tokenize=False
+        )
+        out = processor(images=[Image.open(io.BytesIO(image))], return_tensors="pt")
+        soft = tok.boi_token + tok.image_token * int(out["num_soft_tokens_per_image"][0]) + tok.eoi_token
+        ids = tok(prompt.replace(tok.image_token, soft), add_special_tokens=False).input_ids
+        features = {k: out[k] for k in ("pixel_values", "image_position_ids")}
+        return ids, reference_greedy(model, ids, STEPS, images=[features])[0]
+
+    return run
+
+
+def server_tokens(oai: openai.OpenAI, engine, messages) -> tuple[list[bytes], int]:
+    r = oai.chat.completions.create(
+        model=engine.model_name,
+        messages=messages,
+        max_tokens=STEPS,
+        temperature=0,
+        logprobs=True,
+        extra_body={"ignore_eos": True},
+    )
+    return [bytes(t.bytes) for t in r.choices[0].logprobs.content], r.usage.prompt_tokens
+
+
+def reused(engine) -> float:
+    return engine.metrics.registry.get_sample_value("gemma4_prefix_tokens_reused_total")
+
+
+def test_greedy_with_an_image_equals_transformers(engine, reference):
+    oai, as_bytes = client(engine), token_bytes(engine)
+    ids, tokens = reference("What is this?", PHOTO)
+    got, prompt_tokens = server_tokens(oai, engine, ask("What is this?", data_url(PHOTO)))
+    assert got == [as_bytes(t) for t in tokens]
+    assert prompt_tokens == len(ids) and ids.count(engine.tokenizer.image_token_id) == 63
+
+
+def test_tokenize_counts_the_soft_tokens(engine, reference):
+    ids, _ = reference("What is this?", PHOTO)
+    r = (
+        create_app(engine.settings, engine)
+        .test_client()
+        .post("/tokenize", json={"model": engine.model_name, "messages": ask("What is this?", data_url(PHOTO))})
+    )
+    assert r.status_code == 200 and r.get_json()["tokens"] == ids and r.get_json()["count"] == len(ids)
+
+
+def test_a_repeated_image_keeps_its_kv_and_only_the_same_bytes_do(engine, reference):
+    """The second question about the same image keeps the image's prefilled positions; another
+    image of the same size (the same placeholder ids) keeps none of them, and both answer as
+    transformers does."""
+    oai, as_bytes = client(engine), token_bytes(engine)
+    first, _ = reference("Describe it.", PHOTO)
+    server_tokens(oai, engine, ask("Describe it.", data_url(PHOTO)))
+    image_end = first.index(engine.tokenizer.image_token_id) + 63
+
+    ids, tokens = reference("Describe it.", PHOTO)  # the same prompt again: all but its last position kept
+    before = reused(engine)
+    assert server_tokens(oai, engine, ask("Describe it.", data_url(PHOTO)))[0] == [as_bytes(t) for t in tokens]
+    assert reused(engine) - before > image_end
+
+    ids, tokens = reference("Describe it.", OTHER)
+    before = reused(engine)
+    assert server_tokens(oai, engine, ask("Describe it.", data_url(OTHER)))[0] == [as_bytes(t) for t in tokens]
+    assert reused(engine) - before == ids.index(engine.tokenizer.image_token_id)  # up to the image, none of it
+
+
+def test_the_responses_api_takes_input_image(engine):
+    oai = client(engine)
+    content = [{"type": "input_text", "text": "What is this?"}, {"type": "input_image", "image_url": data_url(PHOTO)}]
+    r = oai.responses.create(model=engine.model_name, input=[{"role": "user", "content": content}], max_output_tokens=2)
+    chat = oai.chat.completions.create(
+        model=engine.model_name, messages=ask("What is this?", data_url(PHOTO)), max_tokens=2
+    )
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+
+
+class OnePNG(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(PHOTO)))
+        self.end_headers()
+        self.wfile.write(PHOTO)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def image_host():
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), OnePNG)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/photo.png"
+    srv.shutdown()
+    srv.server_close()
+
+
+def test_an_image_url_is_fetched_only_as_the_operator_allows(engine, image_host):
+    allowed = {"allowed_domains": ("127.0.0.1",)}
+    with pytest.raises(openai.BadRequestError, match="fetches no URLs"):
+        client(engine, max_images=8).chat.completions.create(
+            model=engine.model_name, messages=ask("?", image_host), max_tokens=1
+        )
+    with pytest.raises(openai.BadRequestError, match="127.0.0.1, a private, loopback.*FETCH_PRIVATE_ADDRESSES"):
+        client(engine, **allowed).chat.completions.create(
+            model=engine.model_name, messages=ask("?", image_host), max_tokens=1
+        )
+    fetched = client(engine, **allowed, fetch_private_addresses=True).chat.completions.create(
+        model=engine.model_name, messages=ask("What is this?", image_host), max_tokens=1
+    )
+    inline = client(engine).chat.completions.create(
+        model=engine.model_name, messages=ask("What is this?", data_url(PHOTO)), max_tokens=1
+    )
+    assert fetched.usage.prompt_tokens == inline.usage.prompt_tokens
+
+
+WAV = base64.b64encode(b"RIFF....WAVEfmt ").decode()
+
+
+@pytest.mark.parametrize(
+    "limits,messages,param,message",
+    [
+        (
+            {"max_images": 1},
+            ask("?", data_url(PHOTO), data_url(OTHER)),
+            "messages",
+            "the request has 2 image parts; the limit is 1 (GEMMA4_MEDIA_MAX_IMAGES)",
+        ),
+        (
+            {"max_image_bytes": 2048},
+            ask("?", data_url(PHOTO)),
+            "messages.0.content.1.image_url.url",
+            "the limit is 2048 (GEMMA4_MEDIA_MAX_IMAGE_BYTES)",
+        ),
+        (
+            {"max_image_pixels": 2000},
+            ask("?", data_url(PHOTO)),
+            "messages.0.content.1.image_url.url",
+            "is 61 x 45 = 2745 pixels; the limit is 2000 (GEMMA4_MEDIA_MAX_IMAGE_PIXELS)",
+        ),
+        (
+            {},
+            ask("?", "data:image/png;base64," + base64.b64encode(b"not an image").decode()),
+            "messages.0.content.1.image_url.url",
+            "not an image in one of the formats",
+        ),
+        ({}, ask("?", "data:image/png;base64,%%%"), "messages.0.content.1.image_url.url", "not valid base64"),
+        (
+            {},
+            [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}}]}],
+            "messages",
+            "this model has no audio encoder; it takes image",
+        ),
+        (
+            {},
+            [{"role": "system", "content": [{"type": "image_url", "image_url": {"url": data_url(PHOTO)}}]}, *ask("?")],
+            "messages.0.content",
+            "only user messages carry image_url and input_audio parts",
+        ),
+        ({}, ask("look: <|image|>"), "messages", "more image placeholders than the request has image parts"),
+    ],
+)
+def test_refusals_name_the_limit_or_the_fault(engine, limits, messages, param, message):
+    with pytest.raises(openai.BadRequestError) as info:
+        client(engine, **limits).chat.completions.create(model=engine.model_name, messages=messages, max_tokens=1)
+    error = info.value.body
+    assert info.value.status_code == 400 and message in error["message"] and error["param"] == param
+
+
+def test_prompt_logprobs_are_refused_with_an_image(engine):
+    with pytest.raises(openai.BadRequestError, match="prompt_logprobs: not available for a prompt with images"):
+        client(engine).chat.completions.create(
+            model=engine.model_name, messages=ask("?", data_url(PHOTO)), max_tokens=1, extra_body={"prompt_logprobs": 1}
+        )

@@ -102,6 +102,25 @@ def test_the_slim_image_says_what_it_is(pushed, registry):
     assert "8080/tcp" in config["ExposedPorts"]
 
 
+MEDIA_CHECK = """
+import io
+import numpy as np
+import soundfile
+from PIL import Image
+from transformers.models.gemma4 import Gemma4ImageProcessorPil
+from runtime.api import media_decode
+from runtime.settings import MediaLimits
+clip = io.BytesIO()
+soundfile.write(clip, np.zeros(22050, np.float32), 22050, format="MP3")
+print(round(len(media_decode.audio(clip.getvalue(), "mp3", MediaLimits(), 16000)), -3))
+png = io.BytesIO()
+Image.new("RGB", (61, 45)).save(png, format="PNG")
+image = media_decode.image(png.getvalue(), MediaLimits())
+processor = Gemma4ImageProcessorPil(patch_size=4, pooling_kernel_size=3, max_soft_tokens=70)
+print(processor(images=[image])["num_soft_tokens_per_image"][0])
+"""
+
+
 def test_the_slim_container_serves_the_reference_tokens_as_a_non_root_user(pushed, registry, compiled):
     import docker
 
@@ -127,6 +146,10 @@ def test_the_slim_container_serves_the_reference_tokens_as_a_non_root_user(pushe
             time.sleep(0.5)
         assert status == 200, container.logs(tail=30).decode()
         assert container.exec_run(["id", "-u"]).output.decode().strip() == "10001"
+        # what the media processors need is in the image: an mp3 through soundfile (its wheel's
+        # libsndfile), load_audio and soxr; a PNG through PIL and Gemma-4's image processor
+        media = container.exec_run(["python", "-c", MEDIA_CHECK])
+        assert media.exit_code == 0 and media.output.decode().split() == ["16000", "63"], media.output.decode()
 
         artifact = compiled("tiny-e2b", "fp32")
         golden = next(g for g in load_meta(artifact).golden if g.name == "chat")

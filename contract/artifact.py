@@ -56,6 +56,27 @@ class VisionGeometry(Frozen):
         raise ValueError(f"an image of {soft_tokens} soft tokens is over this model's budget of {self.max_soft_tokens}")
 
 
+class AudioGeometry(Frozen):
+    """The audio encoder's shapes: its chunked attention's geometry and the soft-token buckets (a
+    graph of bucket x 4 mel frames: two stride-2 convolutions make one soft token of four frames)."""
+
+    chunk: int  # attention_chunk_size: the frames of one attention block (after the convolutions)
+    past: int  # attention_context_left - 1: the keys a query sees back (itself included)
+    future: int  # attention_context_right
+    max_soft_tokens: int
+    soft_buckets: tuple[int, ...]  # each a multiple of `chunk`; the last = max_soft_tokens
+
+    @property
+    def context(self) -> int:
+        return self.chunk + self.past + self.future
+
+    def bucket_for(self, soft_tokens: int) -> int:
+        for n in self.soft_buckets:
+            if soft_tokens <= n:
+                return n
+        raise ValueError(f"a clip of {soft_tokens} soft tokens is over this model's budget of {self.max_soft_tokens}")
+
+
 class Geometry(Frozen):
     """Shapes and constants shared by the graphs and the host code that feeds them."""
 
@@ -84,6 +105,7 @@ class Geometry(Frozen):
     # for one soft token of a media item the runner is given.
     placeholders: dict[str, int] = {}
     vision: VisionGeometry | None = None  # the image encoder, on a model with one
+    audio: AudioGeometry | None = None  # the audio encoder (E2B, E4B), on a model with one
     # Where the text config's use_bidirectional_attention is "vision": an image's soft tokens see
     # each other both ways on sliding layers (global layers stay causal).
     bidirectional_vision: bool = False

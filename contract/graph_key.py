@@ -11,8 +11,8 @@ from typing import Literal
 
 from contract.errors import Gemma4Error
 
-GraphKind = Literal["prefill", "decode", "copy", "vision"]
-_TEXT = re.compile(r"(prefill)_([1-9][0-9]*)_([1-9][0-9]*)|(decode|copy|vision)_([1-9][0-9]*)")
+GraphKind = Literal["prefill", "decode", "copy", "vision", "audio"]
+_TEXT = re.compile(r"(prefill)_([1-9][0-9]*)_([1-9][0-9]*)|(decode|copy|vision|audio)_([1-9][0-9]*)")
 
 
 class GraphKeyError(Gemma4Error, ValueError):
@@ -22,8 +22,8 @@ class GraphKeyError(Gemma4Error, ValueError):
 @dataclass(frozen=True)
 class GraphKey:
     """kind over `keys` cache positions (the key bucket T); a prefill also has its chunk bucket C.
-    An encoder (vision) reads no cache: its `keys` are the soft tokens it makes (its patch bucket over
-    the pooling kernel's k^2)."""
+    An encoder (vision, audio) reads no cache: its `keys` are the soft tokens it makes (its patch
+    bucket over the pooling kernel's k^2, its frame bucket over 4)."""
 
     kind: GraphKind
     keys: int
@@ -50,6 +50,10 @@ class GraphKey:
         return cls("vision", soft_tokens)
 
     @classmethod
+    def audio(cls, soft_tokens: int) -> GraphKey:
+        return cls("audio", soft_tokens)
+
+    @classmethod
     def parse(cls, text: str) -> GraphKey:
         """ "prefill_128_2048" -> a chunk of 128 over 2,048 keys; "decode_2048" -> one token per slot
         over 2,048 keys; "copy_2048" -> a slot's first 2,048 positions into another."""
@@ -57,11 +61,11 @@ class GraphKey:
         if m is None:
             raise GraphKeyError(
                 f"{text!r} is not a graph name: prefill_<chunk>_<keys>, decode_<keys>, copy_<keys> "
-                "or vision_<soft tokens>"
+                "or vision_<soft tokens> or audio_<soft tokens>"
             )
         if m[1]:
             return cls.prefill(int(m[2]), int(m[3]))
-        return cls(m[4], int(m[5]))  # type: ignore[arg-type]  # the pattern allows decode, copy, vision
+        return cls(m[4], int(m[5]))  # type: ignore[arg-type]  # the pattern allows only these kinds
 
     def __str__(self) -> str:
         return f"prefill_{self.chunk}_{self.keys}" if self.kind == "prefill" else f"{self.kind}_{self.keys}"
@@ -101,6 +105,6 @@ def variant_graphs(
     return prefill + tuple(GraphKey.decode(t) for t in key_buckets) + copy_graphs(batch, key_buckets)
 
 
-def vision_graphs(soft_buckets: tuple[int, ...]) -> tuple[GraphKey, ...]:
-    """The image encoder's graphs, one per soft-token bucket (none for a model without vision)."""
-    return tuple(GraphKey.vision(n) for n in soft_buckets)
+def encoder_graphs(vision: tuple[int, ...], audio: tuple[int, ...]) -> tuple[GraphKey, ...]:
+    """The image and audio encoders' graphs, one per soft-token bucket of each (none without it)."""
+    return tuple(GraphKey.vision(n) for n in vision) + tuple(GraphKey.audio(n) for n in audio)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from contract.artifact import Geometry, VisionGeometry
+from contract.artifact import AudioGeometry, Geometry, VisionGeometry
 from contract.dtypes import DTYPES
 
 VISION_INPUTS = ("patches", "positions", "rope", "mask", "pool")
@@ -64,3 +64,51 @@ class VisionInputs:
         pool = torch.nn.functional.one_hot(cell, bucket).float() / (k * k)  # (1, P, N)
         pool = (pool * valid.unsqueeze(-1)).transpose(1, 2).contiguous()  # (1, N, P): padding weighs nothing
         return pixels.float().contiguous(), positions.contiguous(), rope.contiguous(), mask, pool
+
+
+class AudioInputs:
+    """An audio graph's inputs for one clip, from what transformers' feature extractor gives for it
+    (input_features (1, F, M) mel frames and input_features_mask (1, F), real frames first)."""
+
+    def __init__(self, geo: Geometry):
+        if geo.audio is None:
+            raise ValueError("this model has no audio encoder")
+        self.a: AudioGeometry = geo.audio
+        self.dtype = DTYPES[geo.dtype]
+
+    @staticmethod
+    def soft_tokens(mask: torch.Tensor) -> int:
+        """A clip's soft tokens: its real frames after the two stride-2 convolutions."""
+        return int(mask[0, ::2][::2].sum())
+
+    def __call__(self, features: dict[str, torch.Tensor], bucket: int | None = None) -> tuple[torch.Tensor, ...]:
+        """The audio graph's inputs at the soft-token bucket `bucket` (default: the smallest that
+        holds the clip): frames, the frame masks before each convolution, the blocked attention mask."""
+        frames, mask = features["input_features"], features["input_features_mask"].bool()
+        if frames.dim() != 3 or frames.shape[0] != 1 or mask.shape != frames.shape[:2]:
+            raise ValueError(
+                f"one clip's input_features (1, frames, mel) and input_features_mask (1, frames), "
+                f"got {tuple(frames.shape)} and {tuple(mask.shape)}"
+            )
+        n = self.soft_tokens(mask)
+        bucket = bucket or self.a.bucket_for(n)
+        F = 4 * bucket
+        if n > bucket or mask[0, : 4 * n].sum() < mask.sum():
+            raise ValueError(f"a clip of {n} soft tokens, its real frames first, does not fit bucket {bucket}")
+        frames = torch.nn.functional.pad(frames[:, :F], (0, 0, 0, max(0, F - frames.shape[1])))  # (1, F, M)
+        mask = torch.nn.functional.pad(mask[:, :F], (0, max(0, F - mask.shape[1])))  # (1, F)
+        valid1, valid = mask[:, ::2], mask[:, ::2][:, ::2]  # (1, F/2), (1, T)
+        a, T = self.a, bucket
+        # Query q of block b sees key k = b * chunk - past + c when k is a real frame within the window.
+        q = torch.arange(T).view(T // a.chunk, a.chunk, 1)  # (nb, chunk, 1)
+        k = (torch.arange(T // a.chunk) * a.chunk).view(-1, 1, 1) - a.past + torch.arange(a.context).view(1, 1, -1)
+        dist = q - k  # (nb, chunk, ctx)
+        inside = (k >= 0) & (k < T)
+        window = ((dist >= 0) & (dist < a.past)) | ((dist < 0) & (-dist < a.future))  # (nb, chunk, ctx)
+        seen = window & inside & valid[0, k.clamp(0, T - 1)]
+        return (
+            frames.to(self.dtype).contiguous(),
+            mask.to(self.dtype),
+            valid1.to(self.dtype).contiguous(),
+            (~seen).view(1, 1, *seen.shape),
+        )

@@ -41,8 +41,11 @@ def test_random_checkpoint_has_the_hub_layout():
     assert config["text_config"]["num_kv_shared_layers"] == 5
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         keys = list(f.keys())
-    # Gemma4ForConditionalGeneration's own layout: the text decoder, the vision tower and its embedder.
-    assert all(k.startswith((MULTIMODAL_PREFIX, "model.vision_tower.", "model.embed_vision.")) for k in keys)
+    # Gemma4ForConditionalGeneration's own layout: the text decoder, the vision and audio towers and their embedders.
+    towers = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
+    assert all(k.startswith((MULTIMODAL_PREFIX, *towers)) for k in keys)
+    assert "model.audio_tower.layers.0.self_attn.relative_k_proj.weight" in keys
+    assert (folder / "audio_processor" / "preprocessor_config.json").is_file()
     assert f"{MULTIMODAL_PREFIX}layers.0.layer_scalar" in keys  # buffers are in the checkpoint
     assert "model.vision_tower.std_scale" in keys and "model.embed_vision.embedding_projection.weight" in keys
     # The tiny vocabulary holds the media markers and placeholders, and the tokenizer names them so.

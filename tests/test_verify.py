@@ -188,13 +188,15 @@ def test_a_tokenizer_that_collapses_hello_world_is_refused(artifact_copy):
 def test_images_match_the_multimodal_reference(compiled, name, variant):
     """Image prompts (one, two, across the largest bucket's chunk boundary, deep in a prompt of several
     chunks, a second turn with the same image and with other bytes) against
-    Gemma4ForConditionalGeneration given the processor's pixel_values: E2B-shaped in bf16, and the
-    12B-shaped model (an image sees itself both ways on sliding layers) at tp 2, batch 2."""
+    Gemma4ForConditionalGeneration given the processor's pixel_values: E2B-shaped in bf16 (with audio
+    clips, given input_features), and the 12B-shaped model (an image sees itself both ways on sliding
+    layers) at tp 2, batch 2."""
     result = verify(compiled(name, variant), "--quick")
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {line.split("│")[1].strip(): line for line in result.stdout.splitlines() if line.startswith("│")}
     cases = ["image:one", "image:two", "image:across-chunk", "image:many-chunks", "image:reuse-same"]
-    for case in cases + ["image:other-bytes"]:  # bf16 may meet a near-tie of the reference's, within its bound
+    cases += ["image:other-bytes"] + (["audio:one", "audio:beside-image"] if name == "tiny-e2b" else [])
+    for case in cases:  # bf16 may meet a near-tie of the reference's, within its bound
         assert rows[case].split("│")[4].strip() in ("True", "near-tie"), rows.get(case, case)
     # bos, 4 words, boi: the other image's bytes end the kept prefix at its first soft token; the same
     # image is kept whole (its soft tokens, eoi and the words after it)
@@ -210,15 +212,15 @@ def test_the_12b_reference_sees_an_image_both_ways(compiled):
     import torch
 
     from contract.tokenizer import load_tokenizer
-    from gemma4_port.verify.media_cases import ImagePrompts
+    from gemma4_port.verify.media_cases import MediaPrompts
     from gemma4_port.verify.reference import load_reference, media_inputs
 
     folder = compiled("tiny-12b", "image-tp2")
     meta = load_meta(folder)
-    case = ImagePrompts(folder, meta, load_tokenizer(folder / "tokenizer")).cases()[0]  # image:one
+    case = MediaPrompts(folder, meta, load_tokenizer(folder / "tokenizer")).cases()[0]  # image:one
     reference = load_reference(Path(meta.checkpoint))
     ids = case.ids
-    inputs = media_inputs(reference, ids, [m.features for m in case.media])
+    inputs = media_inputs(reference, ids, [m.features for m in case.media])  # images only
     with torch.no_grad():
         both = reference(input_ids=torch.tensor([ids]), **inputs).logits[0, -1]
         inputs.pop("mm_token_type_ids")

@@ -12,7 +12,7 @@ from contract.hostside import HostInputs
 from gemma4_port.compile.cpu_tp import CpuTensorParallelGraphs
 from gemma4_port.compile.neuron import NeuronGraphs
 from gemma4_port.compile.pipeline import Build, run_pipeline, step
-from gemma4_port.compile.tracing import trace_cpu, vision_encoder
+from gemma4_port.compile.tracing import audio_encoder, trace_cpu, vision_encoder
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.source.manifest import Manifest, Variant
 
@@ -31,7 +31,8 @@ class CpuGraphs:
             decoder.load_weights(b.reader)
         with step(progress, f"trace {len(b.geo.buckets)} prefill graph(s) + decode, lint"):
             vision = vision_encoder(b.vision, b.geo, b.reader)
-            return trace_cpu(decoder, HostInputs(b.geo, b.tables), b.geo, b.out, vision=vision)
+            audio = audio_encoder(b.audio, b.geo, b.reader)
+            return trace_cpu(decoder, HostInputs(b.geo, b.tables), b.geo, b.out, vision=vision, audio=audio)
 
 
 def graph_builder(manifest: Manifest, variant: Variant, backend: str):

@@ -4,7 +4,7 @@ The ranks run as processes in one gloo group (runtime.model.ranks.RankGroup). Ea
 decoder of its shard only, loads only its slices of the checkpoint, and traces its prefill and
 decode graphs with the all-reduce inside them; the traces run in lockstep because each one
 executes its all-reduces. Host tables, inputs and golden tokens are those of tp 1: replicated
-(a rank reads only the table rows its example inputs look up). The image encoder is not split
+(a rank reads only the table rows its example inputs look up). The image and audio encoders are not split
 (a few hundred MB at the real size, and its output goes to the host): rank 0 traces it whole.
 """
 
@@ -16,7 +16,7 @@ from contract.artifact import Geometry
 from contract.dtypes import DTYPES
 from contract.hostside import HostInputs
 from gemma4_port.compile.pipeline import Build, step
-from gemma4_port.compile.tracing import EXAMPLE_TOKEN, host_tables, trace_cpu, vision_encoder
+from gemma4_port.compile.tracing import EXAMPLE_TOKEN, audio_encoder, host_tables, trace_cpu, vision_encoder
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.sharding import ModelShard
 from gemma4_port.source.checkpoint import CheckpointReader
@@ -26,18 +26,21 @@ from runtime.model.ranks import RankGroup, all_reduce
 class _RankTracer:
     """One rank's decoder: its shard of the weights, with `reduce` = the traceable all-reduce."""
 
-    def __init__(self, rank: int, tp: int, ckpt: Path, geo: Geometry, shards: list[ModelShard], vision=None):
+    def __init__(
+        self, rank: int, tp: int, ckpt: Path, geo: Geometry, shards: list[ModelShard], vision=None, audio=None
+    ):
         reader = CheckpointReader(ckpt)
         self.rank, self.geo = rank, geo
         self.decoder = Gemma4Decoder(shards[rank], DTYPES[geo.dtype], all_reduce)
         self.decoder.load_weights(reader)  # reads only this rank's rows/columns (get_slice)
         self.host = HostInputs(geo, host_tables(reader, geo, rows=EXAMPLE_TOKEN + 1))
         self.vision = vision_encoder(vision, geo, reader) if rank == 0 else None
+        self.audio = audio_encoder(audio, geo, reader) if rank == 0 else None
 
     def trace(self, out: Path) -> dict[str, str]:
         prefix = f"rank{self.rank}/"
         (out / "graphs" / prefix).mkdir()
-        return trace_cpu(self.decoder, self.host, self.geo, out, prefix, self.vision)
+        return trace_cpu(self.decoder, self.host, self.geo, out, prefix, self.vision, self.audio)
 
 
 class CpuTensorParallelGraphs:
@@ -51,7 +54,7 @@ class CpuTensorParallelGraphs:
     def graphs(self, b: Build, progress) -> dict[str, str]:
         tp = b.variant.tp
         with step(progress, f"{tp} ranks (gloo): load each rank's shard, trace with all-reduce, lint"):
-            group = RankGroup(tp, _RankTracer, (b.ckpt, b.geo, b.shards, b.vision))
+            group = RankGroup(tp, _RankTracer, (b.ckpt, b.geo, b.shards, b.vision, b.audio))
             try:
                 return {k: v for per_rank in group.call("trace", b.out) for k, v in per_rank.items()}
             finally:

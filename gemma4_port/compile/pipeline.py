@@ -32,10 +32,19 @@ from contract.artifact import (
 from contract.logit_error import golden_steps
 from contract.tokenizer import load_tokenizer
 from gemma4_port.compile.outdir import check_out, partial_folder, swap_in
-from gemma4_port.compile.tracing import CompileError, TableBlobs, geometry, host_tables, vision_geometry
+from gemma4_port.compile.tracing import (
+    CompileError,
+    TableBlobs,
+    audio_geometry,
+    geometry,
+    host_tables,
+    vision_geometry,
+)
 from gemma4_port.port.sharding import ModelShard, shard_model
 from gemma4_port.source.checkpoint import (
+    AUDIO_PROCESSOR,
     CheckpointReader,
+    read_audio_config,
     read_config,
     read_text_config,
     read_vision_config,
@@ -78,6 +87,7 @@ class Build:
     geo: Geometry
     tables: TableBlobs
     vision: object | None = None  # Gemma4VisionConfig where the artifact has image encoder graphs
+    audio: object | None = None  # Gemma4AudioConfig where the artifact has audio encoder graphs
 
 
 class GraphBuilder(Protocol):
@@ -114,26 +124,45 @@ def start_build(manifest: Manifest, variant: Variant, out: Path | None = None, p
         config = read_text_config(ckpt)
         reader = CheckpointReader(ckpt)
     shards = [shard_model(config, variant.tp, r) for r in range(variant.tp)]
-    vision = read_vision_config(ckpt)
+    vision, audio = read_vision_config(ckpt), read_audio_config(ckpt)
     raw = read_config(ckpt)
     # The media placeholders the vocabulary holds (a text model's config may keep the real ids, past it).
     ids = {kind: raw.get(f"{kind}_token_id") for kind in ("image", "audio", "video")}
     placeholders = {kind: i for kind, i in ids.items() if isinstance(i, int) and 0 <= i < config.vocab_size}
     # every rank has the same per-rank shapes and inputs
-    geo = geometry(config, shards[0], variant, vision_geometry(vision, variant), placeholders)
-    tmp = _prepare(out, ckpt, geo.vision is not None) if out is not None else None
+    geo = geometry(
+        config, shards[0], variant, vision_geometry(vision, variant), placeholders, audio_geometry(audio, variant)
+    )
+    tmp = _prepare(out, ckpt, geo) if out is not None else None
     tables = host_tables(reader, geo)
-    return Build(manifest, variant, tmp, out, ckpt, config, reader, shards, geo, tables, vision if geo.vision else None)
+    return Build(
+        manifest,
+        variant,
+        tmp,
+        out,
+        ckpt,
+        config,
+        reader,
+        shards,
+        geo,
+        tables,
+        vision if geo.vision else None,
+        audio if geo.audio else None,
+    )
 
 
-def _prepare(dest: Path, ckpt: Path, images: bool) -> Path:
+def _prepare(dest: Path, ckpt: Path, geo: Geometry) -> Path:
     out = partial_folder(dest)
     (out / "graphs").mkdir()
     (out / "host").mkdir()
     tok = load_tokenizer(ckpt)
     tok.save_pretrained(out / "tokenizer")
     shutil.copy(ckpt / "config.json", out / "config.json")
-    if images:  # the server preprocesses with the checkpoint's own image processor settings
+    if geo.audio:  # the server extracts features with the checkpoint's own feature extractor settings
+        from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+
+        Gemma4AudioFeatureExtractor.from_pretrained(str(ckpt / AUDIO_PROCESSOR)).save_pretrained(out / AUDIO_PROCESSOR)
+    if geo.vision:  # the server preprocesses with the checkpoint's own image processor settings
         from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
         Gemma4ImageProcessorPil.from_pretrained(str(ckpt)).save_pretrained(out / "processor")

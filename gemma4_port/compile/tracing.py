@@ -11,12 +11,13 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from contract.artifact import Geometry, Rope, VisionGeometry
+from contract.artifact import AudioGeometry, Geometry, Rope, VisionGeometry
 from contract.dtypes import DTYPES
 from contract.errors import Gemma4Error
-from contract.graph_key import GraphKey, variant_graphs, vision_graphs
+from contract.graph_key import GraphKey, encoder_graphs, variant_graphs
 from contract.hostside import VISION_POSITIONS, HostInputs, scaled_tables
-from contract.media_inputs import VisionInputs
+from contract.media_inputs import AudioInputs, VisionInputs
+from gemma4_port.port.audio import AudioEncoder
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph, input_names
 from gemma4_port.port.kv import kinds_present, kv_kinds, kv_shapes, ring_size
@@ -65,12 +66,35 @@ def vision_geometry(vision, variant: Variant) -> VisionGeometry | None:
     )
 
 
+def audio_geometry(audio, variant: Variant) -> AudioGeometry | None:
+    """The audio encoder's shapes where the variant has an audio budget (and the model a tower)."""
+    budget = variant.media.audio if variant.media else None
+    if budget is None:
+        return None
+    if audio is None:
+        raise CompileError(f"variant {variant.name!r} has an audio budget, but the checkpoint has no audio_config")
+    chunk = audio.attention_chunk_size
+    if any(n % chunk for n in budget.soft_buckets):
+        raise CompileError(
+            f"variant {variant.name!r}: audio buckets {list(budget.soft_buckets)} must be multiples of the "
+            f"tower's attention chunk ({chunk} soft tokens)"
+        )
+    return AudioGeometry(
+        chunk=chunk,
+        past=audio.attention_context_left - 1,
+        future=audio.attention_context_right,
+        max_soft_tokens=budget.max_soft_tokens,
+        soft_buckets=budget.soft_buckets,
+    )
+
+
 def geometry(
     config,
     shard: ModelShard,
     variant: Variant,
     vision: VisionGeometry | None = None,
     placeholders: dict[str, int] | None = None,
+    audio: AudioGeometry | None = None,
 ) -> Geometry:
     kinds = kinds_present(shard)
     head_dims = {s.kind: s.head_dim for s in shard.layers}
@@ -99,6 +123,7 @@ def geometry(
         pad_id=config.pad_token_id,
         placeholders=placeholders or {},
         vision=vision,
+        audio=audio,
         bidirectional_vision=config.use_bidirectional_attention == "vision",
     )
 
@@ -161,6 +186,24 @@ def vision_encoder(config, geo: Geometry, reader: CheckpointReader) -> VisionEnc
     return encoder
 
 
+def audio_encoder(config, geo: Geometry, reader: CheckpointReader) -> AudioEncoder | None:
+    """The audio encoder (config: a Gemma4AudioConfig, or None) with the checkpoint's weights."""
+    if config is None:
+        return None
+    encoder = AudioEncoder(config, geo.hidden, DTYPES[geo.dtype])
+    encoder.load_weights(reader)
+    return encoder
+
+
+def example_audio(soft_tokens: int, mel: int = 128) -> dict[str, torch.Tensor]:
+    """A feature extractor's output for a clip of `soft_tokens` soft tokens (4 frames each)."""
+    frames = 4 * soft_tokens
+    return {
+        "input_features": torch.zeros(1, frames, mel),
+        "input_features_mask": torch.ones(1, frames, dtype=torch.bool),
+    }
+
+
 def example_image(geo: Geometry, soft_tokens: int) -> dict[str, torch.Tensor]:
     """A processor's output for an image of `soft_tokens` soft tokens in one row of cells: what a
     vision graph is traced with (its values do not matter, its shapes do)."""
@@ -186,9 +229,10 @@ def trace_cpu(
     folder: Path,
     prefix: str = "",
     vision: VisionEncoder | None = None,
+    audio: AudioEncoder | None = None,
 ) -> dict:
     """TorchScript graphs, one prefill per chunk bucket and key bucket that holds it, one decode (and
-    at batch > 1 one copy) per key bucket, and with `vision` one image encoder per soft-token bucket,
+    at batch > 1 one copy) per key bucket, and with `vision` / `audio` one encoder per soft-token bucket,
     each traced at its own shape, as methods of one module saved in one file: they share one copy of
     the weights in RAM."""
     graphs = nn.Module()
@@ -199,8 +243,13 @@ def trace_cpu(
     if vision is not None:
         graphs.vision = vision.eval()
         inputs = VisionInputs(geo, host.tables.vision_positions)
-        for graph in vision_graphs(geo.vision.soft_buckets):
+        for graph in encoder_graphs(geo.vision.soft_buckets, ()):
             examples[str(graph)] = inputs(example_image(geo, graph.keys), graph.keys)
+            methods += (graph,)
+    if audio is not None:
+        graphs.audio = audio.eval()
+        for graph in encoder_graphs((), geo.audio.soft_buckets):
+            examples[str(graph)] = AudioInputs(geo)(example_audio(graph.keys), graph.keys)
             methods += (graph,)
     for graph in methods:
         setattr(graphs, str(graph), getattr(graphs, graph.kind).forward)  # trace_module traces methods by name

@@ -34,6 +34,7 @@ import torch
 
 from contract.dtypes import DTYPES
 from contract.layout import NeuronLayout, neuron_layout
+from gemma4_port.port.audio import AudioEncoder
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.kv import kinds_present, kv_shapes, ring_size
 from gemma4_port.port.layers import KEY_BLOCK
@@ -88,11 +89,12 @@ def compile_threads(inst: Instance) -> int:
 
 class ModelSizes:
     """Element counts of one model's device decoder per (tp, rank), each built once on the meta device,
-    and of its image encoder (`vision`: a Gemma4VisionConfig, or None), replicated on every rank."""
+    and of its encoders (`vision`: a Gemma4VisionConfig, `audio`: a Gemma4AudioConfig, or None),
+    replicated on every rank."""
 
-    def __init__(self, config, vision=None):
+    def __init__(self, config, vision=None, audio=None):
         self.config = config
-        self.vision = vision
+        self.vision, self.audio = vision, audio
         # Memoised per instance (a method-level cache would keep every instance alive).
         self.shard = cache(partial(shard_model, config))
         self.weights = cache(self._weights)
@@ -123,22 +125,32 @@ class ModelSizes:
         return scores, sum(queries * 2 * w for w in width.values())
 
     def encoder(self, variant: Variant) -> tuple[int, int, int]:
-        """Elements of the variant's image encoder, 0 without an image budget: (weights, the largest
-        vision graph's working set, its host table). The graph of the budget's P = max_soft_tokens x k^2
-        patches holds one layer's float32 scores of a key block (heads x P x min(P, KEY_BLOCK)) beside its
-        inputs (patches, position embeddings, rope, the N x P pooling matrix); the host keeps the tower's
-        2-D position table."""
-        budget = variant.media.image if variant.media else None
-        if budget is None or self.vision is None:
-            return 0, 0, 0
-        v = self.vision
-        with torch.device("meta"):
-            encoder = VisionEncoder(v, self.config.hidden_size)
-        weights = sum(t.numel() for t in (*encoder.parameters(), *encoder.buffers()))
-        P = budget.max_soft_tokens * v.pooling_kernel_size**2
-        scores = v.num_attention_heads * P * min(P, KEY_BLOCK)
-        inputs = P * (3 * v.patch_size**2 + v.hidden_size + 2 * v.head_dim) + budget.max_soft_tokens * P
-        return weights, scores + inputs, 2 * v.position_embedding_size * v.hidden_size
+        """Elements of the variant's encoders, 0 without a media budget: (weights, the largest encoder
+        graph's working set, their host table). An image graph of the budget's P = max_soft_tokens x k^2
+        patches holds one layer's float32 scores of a key block (heads x P x min(P, KEY_BLOCK)) beside
+        its inputs (patches, position embeddings, rope, the N x P pooling matrix), and the host keeps the
+        tower's 2-D position table; an audio graph of T soft tokens (4T mel frames) holds the first
+        convolution's output (c0 x 2T x 64 float32) or one layer's blocked scores (heads x T x context)."""
+        media = variant.media
+        weights, transient, table = 0, 0, 0
+        if media and media.image and self.vision is not None:
+            v = self.vision
+            with torch.device("meta"):
+                encoder = VisionEncoder(v, self.config.hidden_size)
+            weights += sum(t.numel() for t in (*encoder.parameters(), *encoder.buffers()))
+            P = media.image.max_soft_tokens * v.pooling_kernel_size**2
+            inputs = P * (3 * v.patch_size**2 + v.hidden_size + 2 * v.head_dim) + media.image.max_soft_tokens * P
+            transient = v.num_attention_heads * P * min(P, KEY_BLOCK) + inputs
+            table = 2 * v.position_embedding_size * v.hidden_size
+        if media and media.audio and self.audio is not None:
+            a, T = self.audio, media.audio.max_soft_tokens
+            with torch.device("meta"):
+                clip = AudioEncoder(a, self.config.hidden_size)
+            weights += sum(t.numel() for t in (*clip.parameters(), *clip.buffers()))
+            context = a.attention_chunk_size + a.attention_context_left - 1 + a.attention_context_right
+            scores = a.num_attention_heads * T * context
+            transient = max(transient, a.subsampling_conv_channels[0] * 2 * T * 64 + scores)
+        return weights, transient, table
 
     def host_tables(self) -> int:
         m = self.shard(1, 0)

@@ -31,7 +31,7 @@ from gemma4_port.ops.capacity import (
 )
 from gemma4_port.ops.roofline import ALL_REDUCE_S, ASSUMPTIONS, break_even_all_reduce_s, roofline, rooflines
 from gemma4_port.port.sharding import shard_table
-from gemma4_port.source.configs import text_config_for, vision_config_for
+from gemma4_port.source.configs import audio_config_for, text_config_for, vision_config_for
 from gemma4_port.source.manifest import Manifest, load_manifest
 
 SHORT = {"float32": "fp32", "bfloat16": "bf16"}
@@ -182,7 +182,7 @@ def plan_main(args) -> int:
     manifest = load_manifest(args.manifest)
     variants = [manifest.variant(args.variant)] if args.variant else list(manifest.variants)
     config = text_config_for(manifest)
-    sizes = ModelSizes(config, vision_config_for(manifest))
+    sizes = ModelSizes(config, vision_config_for(manifest), audio_config_for(manifest))
     console = build_console()
     render(console, manifest, sizes, [footprint(sizes, v) for v in variants])
     if args.shards:

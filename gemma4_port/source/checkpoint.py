@@ -30,7 +30,8 @@ TEXT_PREFIX = "model."
 TEXT_MODEL_TYPES = ("gemma4", "gemma4_unified", "gemma4_text", "gemma4_unified_text")
 # Part of a random checkpoint's cache key: bump it when the writer's output changes, so that a cache
 # made by an older writer (e.g. one with Gemma-3's chat tokens) is never reused.
-RANDOM_FORMAT = "3"  # 3: a vision tower and its processor when the manifest gives a vision config
+RANDOM_FORMAT = "3"  # 3: vision / audio towers and their processors when the manifest gives their configs
+AUDIO_PROCESSOR = "audio_processor"  # the feature extractor's folder in a checkpoint and an artifact
 
 
 class CheckpointError(Gemma4Error, RuntimeError):
@@ -177,6 +178,7 @@ def _randomise_media(model: torch.nn.Module, text: torch.nn.Module, spec: Random
 def write_random_checkpoint(spec: RandomModel, folder: Path) -> None:
     """A folder laid out like a hub download of `Gemma4ForConditionalGeneration`, same bytes per seed."""
     from transformers import (
+        Gemma4AudioConfig,
         Gemma4Config,
         Gemma4ForCausalLM,
         Gemma4ForConditionalGeneration,
@@ -188,13 +190,14 @@ def write_random_checkpoint(spec: RandomModel, folder: Path) -> None:
     # E2B/E4B (the models with per-layer inputs) open a non-thinking turn bare, the others with an
     # empty thought block, as the real templates do.
     tok = train_tokenizer(text.vocab_size, spec.seed, empty_thought_block=not text.hidden_size_per_layer_input)
-    if spec.vision is None:
+    if spec.vision is None and spec.audio is None:
         model = Gemma4ForCausalLM(text)
         _randomise(model, model.model, spec)
     else:  # the hub's own class: its state dict is the hub's key layout already
-        vision = Gemma4VisionConfig(**spec.vision)
+        vision = Gemma4VisionConfig(**spec.vision) if spec.vision is not None else None
+        audio = Gemma4AudioConfig(**spec.audio) if spec.audio is not None else None
         model = Gemma4ForConditionalGeneration(
-            Gemma4Config(text_config=text, vision_config=vision, audio_config=None, **media_token_ids(tok))
+            Gemma4Config(text_config=text, vision_config=vision, audio_config=audio, **media_token_ids(tok))
         )
         _randomise(model, model.model.language_model, spec)
     write_checkpoint(model, tok, folder)
@@ -203,9 +206,9 @@ def write_random_checkpoint(spec: RandomModel, folder: Path) -> None:
 def write_checkpoint(model, tok, folder: Path, dtype: torch.dtype | None = None) -> None:
     """A `Gemma4ForCausalLM` (or a whole `Gemma4ForConditionalGeneration`) and its tokenizer as a hub
     download of `Gemma4ForConditionalGeneration` lays them out: multimodal tensor names
-    (model.language_model.*, model.vision_tower.*, model.embed_vision.*), the multimodal config with
-    the tokenizer's media ids, the image processor's settings where there is a vision tower, a
-    generation config and the tokenizer."""
+    (model.language_model.*, model.{vision,audio}_tower.*, model.embed_{vision,audio}.*), the
+    multimodal config with the tokenizer's media ids, the image processor's and feature extractor's
+    settings where there are towers, a generation config and the tokenizer."""
     from safetensors.torch import save_file
     from transformers import Gemma4Config, GenerationConfig
 
@@ -235,6 +238,10 @@ def write_checkpoint(model, tok, folder: Path, dtype: torch.dtype | None = None)
         Gemma4ImageProcessorPil(
             patch_size=vision.patch_size, pooling_kernel_size=vision.pooling_kernel_size
         ).save_pretrained(folder)
+    if full.audio_config is not None:  # beside the image processor's preprocessor_config.json (same name)
+        from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+
+        Gemma4AudioFeatureExtractor().save_pretrained(folder / AUDIO_PROCESSOR)
     # A reply ends at <turn|>, and a tool call at <|tool_response> (the caller runs the tool).
     GenerationConfig(
         bos_token_id=text.bos_token_id,
@@ -276,12 +283,21 @@ def read_vision_config(folder: Path):
     """The vision tower's Gemma4VisionConfig, or None for a model without one."""
     from transformers import Gemma4VisionConfig
 
-    raw = read_config(folder).get("vision_config")
+    return _tower_config(folder, "vision_config", Gemma4VisionConfig)
+
+
+def read_audio_config(folder: Path):
+    """The audio tower's Gemma4AudioConfig, or None for a model without one."""
+    from transformers import Gemma4AudioConfig
+
+    return _tower_config(folder, "audio_config", Gemma4AudioConfig)
+
+
+def _tower_config(folder: Path, field: str, kind):
+    raw = read_config(folder).get(field)
     if not raw:
         return None
-    return Gemma4VisionConfig(
-        **{k: v for k, v in raw.items() if k not in ("model_type", "architectures", "transformers_version")}
-    )
+    return kind(**{k: v for k, v in raw.items() if k not in ("model_type", "architectures", "transformers_version")})
 
 
 def read_text_config(folder: Path):

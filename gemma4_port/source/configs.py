@@ -81,6 +81,21 @@ def vision_config_for(manifest: Manifest, offline: bool = True):
     return read_vision_config(resolve_checkpoint(manifest))
 
 
+def audio_config_for(manifest: Manifest, offline: bool = True):
+    """The audio tower's Gemma4AudioConfig, or None (a random model without one; the 12B has none).
+    The published E2B / E4B towers, offline, take transformers' default Gemma4AudioConfig."""
+    from transformers import Gemma4AudioConfig
+
+    src = manifest.model
+    if src.random is not None:
+        return Gemma4AudioConfig(**src.random.audio) if src.random.audio is not None else None
+    if src.source in KNOWN_TEXT_CONFIGS and offline:
+        return None if KNOWN_TEXT_CONFIGS[src.source]["hidden_size_per_layer_input"] == 0 else Gemma4AudioConfig()
+    from gemma4_port.source.checkpoint import read_audio_config, resolve_checkpoint
+
+    return read_audio_config(resolve_checkpoint(manifest))
+
+
 def text_config_for(manifest: Manifest, offline: bool = True):
     """A Gemma4TextConfig for the manifest's model, reading no weights."""
     from transformers import Gemma4TextConfig

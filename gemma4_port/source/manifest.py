@@ -40,18 +40,20 @@ class RandomModel(Frozen):
         return config
 
     vision: dict[str, Any] | None = Field(None, description="a Gemma4VisionConfig: the model sees images")
+    audio: dict[str, Any] | None = Field(None, description="a Gemma4AudioConfig: the model hears (E2B, E4B)")
 
-    @field_validator("vision")
+    @field_validator("vision", "audio")
     @classmethod
-    def _vision_is_a_vision_config(cls, vision: dict[str, Any] | None) -> dict[str, Any] | None:
-        from transformers import Gemma4VisionConfig
+    def _a_tower_config(cls, tower: dict[str, Any] | None, info) -> dict[str, Any] | None:
+        from transformers import Gemma4AudioConfig, Gemma4VisionConfig
 
-        if vision is not None:
+        kind = {"vision": Gemma4VisionConfig, "audio": Gemma4AudioConfig}[info.field_name]
+        if tower is not None:
             try:
-                Gemma4VisionConfig(**vision)
+                kind(**tower)
             except Exception as exc:  # noqa: BLE001 - transformers raises several types for bad fields
-                raise ValueError(f"not a valid Gemma4VisionConfig: {' '.join(str(exc).split())}") from None
-        return vision
+                raise ValueError(f"not a valid {kind.__name__}: {' '.join(str(exc).split())}") from None
+        return tower
 
 
 # A revision reaches a Dockerfile and the hub's URLs: a git ref name as `git check-ref-format --branch`
@@ -168,8 +170,33 @@ class ImageBudget(Frozen):
         return self.buckets or (self.max_soft_tokens,)
 
 
+class AudioBudget(Frozen):
+    """Soft tokens per clip (one per 40 ms: four 10 ms mel frames), and the encoder graphs' buckets
+    (each a multiple of the tower's attention chunk, checked at compile)."""
+
+    max_soft_tokens: int = Field(ge=1, le=750, description="the longest clip in soft tokens (750: 30 s)")
+    buckets: tuple[int, ...] = Field(
+        (), description="soft-token buckets of the encoder graphs, increasing; default (max_soft_tokens,)"
+    )
+
+    @model_validator(mode="after")
+    def _buckets_end_at_budget(self) -> AudioBudget:
+        b = list(self.buckets) or [self.max_soft_tokens]
+        if b != sorted(set(b)) or b[0] < 1 or b[-1] != self.max_soft_tokens:
+            raise ValueError(
+                "buckets must be positive, strictly increasing and end at max_soft_tokens "
+                f"({self.max_soft_tokens}), got {b}"
+            )
+        return self
+
+    @property
+    def soft_buckets(self) -> tuple[int, ...]:
+        return self.buckets or (self.max_soft_tokens,)
+
+
 class Media(Frozen):
     image: ImageBudget | None = None
+    audio: AudioBudget | None = None
 
 
 class Variant(Frozen):
@@ -251,10 +278,13 @@ class Manifest(Frozen):
             raise ValueError(f"variant names must be unique, got {names}")
         if self.images and self.images.variant and self.images.variant not in names:
             raise ValueError(f"images.variant {self.images.variant!r} is not one of {names}")
-        sees = self.model.random is None or self.model.random.vision is not None
+        random = self.model.random
         for v in self.variants:
-            if v.media and v.media.image and not sees:
-                raise ValueError(f"variant {v.name!r} has an image budget, but the random model has no `vision` config")
+            for kind, tower in (("image", "vision"), ("audio", "audio")):
+                if v.media and getattr(v.media, kind) and random is not None and getattr(random, tower) is None:
+                    raise ValueError(
+                        f"variant {v.name!r} has an {kind} budget, but the random model has no `{tower}` config"
+                    )
         return self
 
     def variant(self, name: str | None) -> Variant:

@@ -1,8 +1,10 @@
-"""`build.py verify`'s image prompts: synthetic images (seeded noise, so any size and aspect) through
-the artifact's own image processor (transformers' Gemma4ImageProcessorPil at the variant's budget),
-laid out as Gemma-4's processor lays them out (boi, one placeholder per soft token, eoi), in the
-places that stress the host side: one image, two, one deep inside a prompt many chunks long, one
-where the largest bucket's chunk boundary falls inside it, and a repeated image whose KV is reused."""
+"""`build.py verify`'s media prompts: synthetic images (seeded noise, so any size and aspect) through
+the artifact's own image processor (transformers' Gemma4ImageProcessorPil at the variant's budget)
+and synthetic clips (seeded tones in noise) through its feature extractor, laid out as Gemma-4's
+processor lays them out (boi / boa, one placeholder per soft token, eoi / eoa), in the places that
+stress the host side: one image, two, one deep inside a prompt many chunks long, one where the
+largest bucket's chunk boundary falls inside it, a repeated image whose KV is reused; a clip, and a
+clip beside an image."""
 
 from __future__ import annotations
 
@@ -12,18 +14,30 @@ from pathlib import Path
 
 import numpy as np
 
+from contract.media_inputs import AudioInputs
+from gemma4_port.source.checkpoint import AUDIO_PROCESSOR
 from gemma4_port.verify.agreement import Case
 from runtime.model.media import MediaInput
 
 STEPS = 6
 
 
-class ImagePrompts:
+def by_kind(media) -> tuple[list[dict], list[dict]]:
+    """The features of a prompt's images and of its clips, each in order: what the reference takes."""
+    return [m.features for m in media if m.kind == "image"], [m.features for m in media if m.kind == "audio"]
+
+
+class MediaPrompts:
     def __init__(self, folder: Path, meta, tokenizer):
+        from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
         from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
         self.geo = meta.geometry
-        self.processor = Gemma4ImageProcessorPil.from_pretrained(str(Path(folder) / "processor"))
+        folder = Path(folder)
+        self.processor = Gemma4ImageProcessorPil.from_pretrained(str(folder / "processor")) if self.geo.vision else None
+        self.extractor = (
+            Gemma4AudioFeatureExtractor.from_pretrained(str(folder / AUDIO_PROCESSOR)) if self.geo.audio else None
+        )
         self.tok = tokenizer
         self.rng = random.Random(f"{meta.name}/{meta.variant}/images")
 
@@ -44,22 +58,35 @@ class ImagePrompts:
         features.pop("num_soft_tokens_per_image")
         return buf.getvalue(), features
 
+    def clip(self, seed: int, seconds: float) -> tuple[bytes, dict]:
+        """A 16 kHz tone in noise (its samples' bytes) and the feature extractor's features for it."""
+        rng = np.random.RandomState(seed)
+        t = np.arange(int(16000 * seconds)) / 16000
+        wave = (0.3 * np.sin(2 * np.pi * rng.uniform(200, 800) * t) + 0.05 * rng.randn(t.size)).astype(np.float32)
+        features = dict(self.extractor([wave], sampling_rate=16000, return_tensors="pt"))
+        return wave.tobytes(), features
+
     def words(self, n: int) -> list[int]:
         return [self.rng.randrange(8, self.geo.vocab) for _ in range(n)]
 
     def prompt(self, parts) -> tuple[list[int], tuple[MediaInput, ...]]:
         """parts: token lists and (bytes, features) images -> ids and the images as the runner takes them."""
         ids, media = [self.tok.bos_token_id], []
-        v = self.geo.vision
         for part in parts:
             if isinstance(part, list):
                 ids += part
                 continue
             raw, features = part
-            n = int((features["image_position_ids"][0] >= 0).all(-1).sum()) // v.patches_per_token
-            ids.append(self.tok.boi_token_id)
-            media.append(MediaInput("image", len(ids), n, hashlib.sha256(raw).hexdigest(), features))
-            ids += [self.geo.placeholders["image"]] * n + [self.tok.eoi_token_id]
+            kind = "audio" if "input_features" in features else "image"
+            if kind == "audio":
+                n = AudioInputs.soft_tokens(features["input_features_mask"])
+                markers = self.tok.boa_token_id, self.tok.eoa_token_id
+            else:
+                n = int((features["image_position_ids"][0] >= 0).all(-1).sum()) // self.geo.vision.patches_per_token
+                markers = self.tok.boi_token_id, self.tok.eoi_token_id
+            ids.append(markers[0])
+            media.append(MediaInput(kind, len(ids), n, hashlib.sha256(raw).hexdigest(), features))
+            ids += [self.geo.placeholders[kind]] * n + [markers[1]]
         return ids, tuple(media)
 
     def cases(self) -> list[Case]:
@@ -70,6 +97,13 @@ class ImagePrompts:
             ids, media = self.prompt(parts)
             if len(ids) + steps <= self.geo.kv_max:
                 out.append(Case(name, ids, steps, media=media))
+
+        if self.geo.audio:
+            add("audio:one", [self.words(3), self.clip(1, 1.0), self.words(4)])
+            if self.geo.vision:
+                add("audio:beside-image", [self.words(2), self.image(8, 40, 40), self.words(2), self.clip(2, 0.6)])
+        if not self.geo.vision:
+            return out
 
         add("image:one", [self.words(3), self.image(1, 45, 61), self.words(4)])
         add("image:two", [self.words(2), self.image(2, 30, 90), self.words(2), self.image(3, 64, 64), self.words(3)])
@@ -82,6 +116,8 @@ class ImagePrompts:
         return out
 
     def run_reuse(self, runner) -> list[tuple[Case, tuple]]:
+        if not self.geo.vision:
+            return []
         """A second turn with the same image (its KV kept: the image matches by its bytes' digest), then
         one with an image of the same size but other bytes (kept only up to it), each run where the
         slot holds the turn before."""

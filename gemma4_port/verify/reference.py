@@ -6,7 +6,13 @@ from pathlib import Path
 
 import torch
 
-from gemma4_port.source.checkpoint import MULTIMODAL_PREFIX, CheckpointError, read_text_config, read_vision_config
+from gemma4_port.source.checkpoint import (
+    MULTIMODAL_PREFIX,
+    CheckpointError,
+    read_audio_config,
+    read_text_config,
+    read_vision_config,
+)
 
 # Without this mapping, from_pretrained on a hub checkpoint loads nothing and raises nothing.
 KEY_MAPPING = {r"^" + MULTIMODAL_PREFIX.replace(".", r"\."): "model."}
@@ -17,7 +23,7 @@ def load_reference(folder: Path):
     else the text model alone."""
     from transformers import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 
-    if read_vision_config(folder) is not None:
+    if read_vision_config(folder) is not None or read_audio_config(folder) is not None:
         model, info = Gemma4ForConditionalGeneration.from_pretrained(
             str(folder), dtype=torch.float32, attn_implementation="eager", output_loading_info=True
         )
@@ -38,27 +44,42 @@ def load_reference(folder: Path):
     return model.eval()
 
 
-def media_inputs(model, ids: list[int], images) -> dict[str, torch.Tensor]:
-    """Gemma4ForConditionalGeneration's image inputs for a prompt: the processor's features of its
-    images, in order, and the mm_token_type_ids the processor gives (1 on each soft token: the
-    blocks that see each other both ways where the model says so)."""
-    if not images:
-        return {}
-    return {
-        "pixel_values": torch.cat([f["pixel_values"] for f in images]),
-        "image_position_ids": torch.cat([f["image_position_ids"] for f in images]),
-        "mm_token_type_ids": (torch.tensor([ids]) == model.config.image_token_id).long(),
-    }
+def media_inputs(model, ids: list[int], images=(), clips=()) -> dict[str, torch.Tensor]:
+    """Gemma4ForConditionalGeneration's media inputs for a prompt: the processors' features of its
+    images and audio clips, in order (clips padded to the longest, as the feature extractor pads a
+    batch), and the mm_token_type_ids the processor gives (1 on each image soft token: the blocks
+    that see each other both ways where the model says so)."""
+    out = {}
+    if images:
+        out |= {
+            "pixel_values": torch.cat([f["pixel_values"] for f in images]),
+            "image_position_ids": torch.cat([f["image_position_ids"] for f in images]),
+            "mm_token_type_ids": (torch.tensor([ids]) == model.config.image_token_id).long(),
+        }
+    if clips:
+        F = max(f["input_features"].shape[1] for f in clips)
+
+        def pad(t, value=0):
+            return torch.nn.functional.pad(
+                t, (0, 0, 0, F - t.shape[1]) if t.dim() == 3 else (0, F - t.shape[1]), value=value
+            )
+
+        out |= {
+            "input_features": torch.cat([pad(f["input_features"]) for f in clips]),
+            "input_features_mask": torch.cat([pad(f["input_features_mask"]) for f in clips]),
+        }
+    return out
 
 
 @torch.no_grad()
-def reference_greedy(model, ids: list[int], steps: int, images=()) -> tuple[list[int], list[torch.Tensor]]:
+def reference_greedy(model, ids: list[int], steps: int, images=(), clips=()) -> tuple[list[int], list[torch.Tensor]]:
     """Greedy tokens and the (softcapped) logits that chose each, ignoring EOS so lengths are fixed.
     images: the processor's features of each image in the prompt, in order (pixel_values,
-    image_position_ids), for a Gemma4ForConditionalGeneration."""
+    image_position_ids), and of each audio clip (input_features, input_features_mask), for a
+    Gemma4ForConditionalGeneration."""
     from transformers import DynamicCache
 
-    media = media_inputs(model, ids, images)
+    media = media_inputs(model, ids, images, clips)
     # transformers 5.24 renamed forward's `past_key_values` to `cache` (the old name goes in 5.40).
     cache = DynamicCache(config=model.config.get_text_config())  # filled in place by every call
     out = model(input_ids=torch.tensor([ids]), cache=cache, use_cache=True, logits_to_keep=1, **media)

@@ -20,7 +20,7 @@ from contract.greedy import argmax
 from contract.logit_error import BOUNDS, TOP_K
 from gemma4_port.console import console as build_console
 from gemma4_port.verify.agreement import Case, Row, compare
-from gemma4_port.verify.media_cases import ImagePrompts
+from gemma4_port.verify.media_cases import MediaPrompts, by_kind
 from gemma4_port.verify.reference import load_reference, media_inputs, reference_greedy
 from runtime.model.loader import load_artifact
 
@@ -140,7 +140,7 @@ def reference_bf16_error(reference, rows: list[Row], ref_logits: list[list[torch
     out = []
     for row, logits in zip(rows, ref_logits):
         ids = row.case.ids + [r for _, r in row.tokens[:-1]]
-        media = media_inputs(reference, ids, [m.features for m in row.case.media])
+        media = media_inputs(reference, ids, *by_kind(row.case.media))
         run = (
             reference(input_ids=torch.tensor([ids]), **media).logits[0, len(row.case.ids) - 1 :].float()
         )  # (compared, V)
@@ -239,7 +239,7 @@ def verify_artifact(
     reference = load_reference(Path(meta.checkpoint))
     geo = meta.geometry
     cases = build_cases(meta, long)
-    images = ImagePrompts(folder, meta, model.tokenizer) if geo.vision else None
+    images = MediaPrompts(folder, meta, model.tokenizer) if geo.vision or geo.audio else None
     cases += images.cases() if images else []
     results = []
     for case in cases:
@@ -277,7 +277,7 @@ def verify_artifact(
     model.close()
     rows, ref_logits = [], []
     for case, (dev_tokens, dev_logits) in zip(cases, results):
-        ref_tokens, logits = reference_greedy(reference, case.ids, case.steps, [m.features for m in case.media])
+        ref_tokens, logits = reference_greedy(reference, case.ids, case.steps, *by_kind(case.media))
         rows.append(compare(case, dev_tokens, dev_logits, ref_tokens, logits, geo.softcap, geo.dtype))
         ref_logits.append(logits)
     noise = bf16_noise(rows, reference_bf16_error(reference, rows, ref_logits)) if geo.dtype == "bfloat16" else None

@@ -10,7 +10,7 @@ from contract.artifact import ArtifactError, ArtifactMeta, check_files, load_met
 from contract.errors import Gemma4Error
 from contract.hostside import HostInputs, HostTables
 from contract.logit_error import judge_golden
-from contract.media_inputs import VisionInputs
+from contract.media_inputs import AudioInputs, VisionInputs
 from contract.tokenizer import check_vocab, load_tokenizer
 from runtime.model.runner import Backend, ModelRunner
 
@@ -77,5 +77,6 @@ def load_artifact(folder: str | Path, check_sha256: bool = True) -> LoadedModel:
     geo = meta.geometry
     tables = HostTables(folder, geo)
     vision = VisionInputs(geo, tables.vision_positions) if tables.vision_positions is not None else None
-    runner = ModelRunner(geo, HostInputs(geo, tables), make_backend(folder, meta), vision)
+    audio = AudioInputs(geo) if geo.audio is not None else None
+    runner = ModelRunner(geo, HostInputs(geo, tables), make_backend(folder, meta), vision, audio)
     return LoadedModel(folder, meta, tokenizer, runner)

@@ -11,8 +11,6 @@ import torch
 
 from contract.errors import Gemma4Error
 
-KINDS = ("image",)
-
 
 class MediaError(Gemma4Error, ValueError):
     pass
@@ -20,11 +18,12 @@ class MediaError(Gemma4Error, ValueError):
 
 @dataclass(frozen=True)
 class MediaInput:
-    """One image of a prompt. Its soft tokens are ids[offset : offset + length], each the model's
+    """One image or audio clip of a prompt. Its soft tokens are ids[offset : offset + length], each the model's
     placeholder (Geometry.placeholders); `features` is what transformers' processor gives for this one item
-    (pixel_values (1, P, 3p^2) and image_position_ids (1, P, 2) for an image)."""
+    (pixel_values (1, P, 3p^2) and image_position_ids (1, P, 2) for an image; input_features
+    (1, F, 128) and input_features_mask (1, F) for a clip)."""
 
-    kind: str  # "image" (| "audio", later)
+    kind: str  # "image" | "audio"
     offset: int  # index in ids of its first soft token
     length: int  # soft tokens
     digest: str  # sha256 of the source bytes (hex)

@@ -14,7 +14,7 @@ from contract.errors import Gemma4Error
 from contract.graph_key import GraphKey
 from contract.greedy import argmax
 from contract.hostside import HostInputs
-from contract.media_inputs import VisionInputs
+from contract.media_inputs import AudioInputs, VisionInputs
 from runtime.model.media import MediaError, MediaInput, blocks, check_media, keyed, outside_blocks
 from runtime.model.prefix import reusable_prefix, ring_holds
 from runtime.model.slots import Slot, SlotState
@@ -26,7 +26,7 @@ class Backend(Protocol):
     def prefill(self, bucket: int, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
     def decode(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
     def copy(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> None: ...  # a fork's KV copy: copy_<keys>
-    def encode(self, graph: GraphKey, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...  # vision_<N>
+    def encode(self, graph: GraphKey, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...  # vision_/audio_<N>
     def reset(self) -> None: ...
     def close(self) -> None: ...
 
@@ -60,13 +60,20 @@ def chunks(
 
 
 class ModelRunner:
-    def __init__(self, geo: Geometry, host: HostInputs, backend: Backend, vision: VisionInputs | None = None):
+    def __init__(
+        self,
+        geo: Geometry,
+        host: HostInputs,
+        backend: Backend,
+        vision: VisionInputs | None = None,
+        audio: AudioInputs | None = None,
+    ):
         self.geo = geo
         self.host = host
         self.backend = backend
-        self.vision = vision  # the image encoder's host inputs, on a model with one
+        self.vision, self.audio = vision, audio  # the encoders' host inputs, on a model with them
         self.slots = [Slot(i) for i in range(geo.batch)]
-        self.encoders = ("image",) if vision is not None else ()
+        self.encoders = ("image",) * (vision is not None) + ("audio",) * (audio is not None)
 
     def keys_for(self, position: int) -> int:
         """The smallest key bucket whose keys include `position` (below kv_max: checked by the caller)."""
@@ -98,13 +105,22 @@ class ModelRunner:
 
     def encode(self, m: MediaInput) -> torch.Tensor:
         """One item's soft tokens (length, H) at the graph dtype, from its encoder graph."""
-        if m.kind != "image" or self.vision is None:
-            raise MediaError(f"this model has no {m.kind} encoder")
-        n = self.vision.soft_tokens(m.features["image_position_ids"])
+        if m.kind == "image" and self.vision is not None and self.geo.vision is not None:
+            n = self.vision.soft_tokens(m.features["image_position_ids"])
+            self._placeholders_match(m, n)
+            bucket = self.geo.vision.bucket_for(n)
+            return self.backend.encode(GraphKey.vision(bucket), self.vision(m.features, bucket))[0, :n]
+        if m.kind == "audio" and self.audio is not None and self.geo.audio is not None:
+            n = self.audio.soft_tokens(m.features["input_features_mask"])
+            self._placeholders_match(m, n)
+            bucket = self.geo.audio.bucket_for(n)
+            return self.backend.encode(GraphKey.audio(bucket), self.audio(m.features, bucket))[0, :n]
+        raise MediaError(f"this model has no {m.kind} encoder")
+
+    @staticmethod
+    def _placeholders_match(m: MediaInput, n: int) -> None:
         if n != m.length:
-            raise MediaError(f"an image whose features make {n} soft tokens has {m.length} placeholders")
-        bucket = self.geo.vision.bucket_for(n)  # type: ignore[union-attr]  # self.vision implies geo.vision
-        return self.backend.encode(GraphKey.vision(bucket), self.vision(m.features, bucket))[0, :n]
+            raise MediaError(f"{m.kind} features that make {n} soft tokens have {m.length} placeholders")
 
     def prefill_step(self, slot: int) -> torch.Tensor | None:
         """The next chunk of a prefilling slot: None, or after the prompt's last chunk its raw logits

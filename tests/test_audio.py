@@ -17,7 +17,7 @@ from support.builds import started
 
 @pytest.fixture(scope="module")
 def tower():
-    b = started("tiny-e2b", "image")
+    b = started("tiny-e2b", "audio")
     return b, audio_encoder(b.audio, b.geo, b.reader), load_reference(b.ckpt).model
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import openai
 import pytest
+import soundfile
 from PIL import Image
 from transformers.models.gemma4 import Gemma4ImageProcessorPil
 
@@ -186,6 +187,34 @@ def test_an_image_url_is_fetched_only_as_the_operator_allows(engine, image_host)
 WAV = base64.b64encode(b"RIFF....WAVEfmt ").decode()
 
 
+def clip(seconds: float) -> str:
+    out = io.BytesIO()
+    soundfile.write(out, 0.1 * np.sin(np.arange(int(16000 * seconds)) / 7), 16000, format="WAV")
+    return base64.b64encode(out.getvalue()).decode()
+
+
+def hear(text: str, data: str) -> list[dict]:
+    audio = {"type": "input_audio", "input_audio": {"data": data, "format": "wav"}}
+    return [{"role": "user", "content": [{"type": "text", "text": text}, audio]}]
+
+
+def test_an_audio_clip_is_heard_and_one_past_the_encoders_budget_refused(engine):
+    """A 1 s clip: 25 soft tokens between boa and eoa, counted alike by the chat route and /tokenize;
+    a 3 s one makes more than the tiny audio encoder's 48 and is a 400 naming both numbers."""
+    oai = client(engine)
+    r = oai.chat.completions.create(model=engine.model_name, messages=hear("Hear this.", clip(1.0)), max_tokens=2)
+    counted = (
+        create_app(engine.settings, engine)
+        .test_client()
+        .post("/tokenize", json={"model": engine.model_name, "messages": hear("Hear this.", clip(1.0))})
+    )
+    audio_id = engine.tokenizer.convert_tokens_to_ids(engine.tokenizer.audio_token)
+    assert counted.get_json()["tokens"].count(audio_id) == 25 and r.usage.prompt_tokens == counted.get_json()["count"]
+    over = "makes 75 soft tokens; this model's audio encoder takes at most 48"
+    with pytest.raises(openai.BadRequestError, match=over):
+        oai.chat.completions.create(model=engine.model_name, messages=hear("?", clip(3.0)), max_tokens=1)
+
+
 @pytest.mark.parametrize(
     "limits,messages,param,message",
     [
@@ -217,8 +246,8 @@ WAV = base64.b64encode(b"RIFF....WAVEfmt ").decode()
         (
             {},
             [{"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}}]}],
-            "messages",
-            "this model has no audio encoder; it takes image",
+            "messages.0.content.0.input_audio.data",
+            "could not be read as wav audio",
         ),
         (
             {},

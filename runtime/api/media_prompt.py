@@ -101,17 +101,19 @@ class MediaProcessors:
 
 def processors_for(model: LoadedModel, limits: MediaLimits) -> MediaProcessors:
     """The processors of the artifact's encoders, with the checkpoint's settings it carries (its
-    `processor` folder), the image processor at the artifact's soft-token budget. PIL's bomb guard
-    is set to the server's pixel limit before any image is opened. (The audio feature extractor joins
-    once artifacts carry an audio encoder; until then an audio part is refused by kind.)"""
+    `processor` and `audio_processor` folders), the image processor at the artifact's soft-token
+    budget. PIL's bomb guard is set to the server's pixel limit before any image is opened."""
     geo = model.meta.geometry
     media_decode.guard_pil(limits)
-    image_processor = None
+    image_processor = feature_extractor = None
     if geo.vision is not None:
         image_processor = Gemma4ImageProcessorPil.from_pretrained(
             str(model.folder / "processor"), max_soft_tokens=geo.vision.max_soft_tokens
         )
-    return MediaProcessors(model.tokenizer, image_processor)
+    if geo.audio is not None:
+        feature_extractor = Gemma4AudioFeatureExtractor.from_pretrained(str(model.folder / "audio_processor"))
+    budget = geo.audio.max_soft_tokens if geo.audio is not None else None
+    return MediaProcessors(model.tokenizer, image_processor, feature_extractor, budget)
 
 
 def audio_soft_tokens(mask: np.ndarray) -> int:

@@ -19,7 +19,8 @@ from contract.typed import Frozen
 ARTIFACT_FORMAT = 7  # 2: host tables stored pre-scaled; 3: geometry states kv_max once and its prefill;
 # 4: a self-digest, golden steps with the reference's best logits; 5: key buckets for prefill too
 # (graphs prefill_<C>_<T>; geometry.key_buckets, was decode_buckets); 6: copy_<T> graphs for a fork;
-# 7: geometry.vision (vision_<N> encoder graphs), pad_id and the bidirectional vision rule
+# 7: geometry.vision (vision_<N> encoder graphs), pad_id and the bidirectional vision rule; every graph's
+# rows are logits then the last hidden state; verify_<N>_<T> and draft_<T> graphs
 HOST_TABLES = "host/tables.safetensors"
 
 
@@ -77,6 +78,20 @@ class AudioGeometry(Frozen):
         raise ValueError(f"a clip of {soft_tokens} soft tokens is over this model's budget of {self.max_soft_tokens}")
 
 
+class DrafterGeometry(Frozen):
+    """The drafter's graphs (draft_<T>): `k` steps per round, each fed the target's word embedding of
+    its token beside a hidden state of the target's width (`backbone`); `ordered`: its logits come in
+    the vocabulary order of its centroid head (host table `drafter_token_ordering`), the runner puts
+    them back in token order."""
+
+    source: str  # the drafter checkpoint: hub id or folder (the manifest's, with its revision)
+    revision: str | None
+    k: int
+    hidden: int  # the drafter's own width
+    backbone: int  # the target's hidden width it reads and returns
+    ordered: bool
+
+
 class Geometry(Frozen):
     """Shapes and constants shared by the graphs and the host code that feeds them."""
 
@@ -109,6 +124,14 @@ class Geometry(Frozen):
     # Where the text config's use_bidirectional_attention is "vision": an image's soft tokens see
     # each other both ways on sliding layers (global layers stay causal).
     bidirectional_vision: bool = False
+    verify: int = 0  # tokens per slot of the verify_<N>_<T> graphs (k + 1); 0: none
+    drafter: DrafterGeometry | None = None
+
+    @property
+    def rows(self) -> int:
+        """The width of every graph's output rows: the logits, then the last hidden state (the
+        target's width, also for the drafter's rows, whose hidden state is its post-projection)."""
+        return self.vocab + self.hidden
 
     @property
     def kv_max(self) -> int:

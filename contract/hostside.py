@@ -14,6 +14,7 @@ from contract.artifact import HOST_TABLES, Geometry
 from contract.dtypes import BITS, DTYPES
 
 VISION_POSITIONS = "vision_position_table"  # the vision tower's 2-D position table (2, E, W), at the graph dtype
+DRAFT_ORDERING = "drafter_token_ordering"  # host table: the centroid head's vocabulary order (V,)
 
 
 class HostTables:
@@ -27,6 +28,10 @@ class HostTables:
             self.embed = f.get_tensor("embed_tokens_scaled")  # (V, H)
             self.ple = f.get_tensor("embed_tokens_per_layer_scaled") if geo.ple_dim else None  # (V, L*P)
             self.vision_positions = f.get_tensor(VISION_POSITIONS) if geo.vision else None  # (2, E, W)
+            ordered = geo.drafter is not None and geo.drafter.ordered
+            # The drafter's centroid head computes its logits in its own vocabulary order: entry j is
+            # token ordering[j], so logits[..., draft_order] is in token order.
+            self.draft_order = torch.argsort(f.get_tensor(DRAFT_ORDERING)) if ordered else None  # (V,)
 
 
 def scaled_tables(embed: torch.Tensor, ple: torch.Tensor | None, geo: Geometry) -> dict[str, torch.Tensor]:
@@ -223,6 +228,61 @@ class HostInputs:
             **self._rows(at, T),
         }  # rows_<kind> (B, 2, T)
         return self._assemble("decode", values, kv)
+
+    def verify_inputs(
+        self, tokens: list[list[int] | None], positions: list[int], kv=(), keys: int | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """Up to N = geometry.verify tokens per slot, slot b's at positions[b], positions[b] + 1, ...,
+        for the verify graph over the first `keys` cache positions (default: all). A slot's list is
+        right-padded to N (padding rows see no key and write nothing); `None` marks an idle slot.
+        The same gathers as a decode step, for B x N queries: rows_<kind> (B*N, 2, T), slot-major."""
+        N, T = self.geo.verify, keys or self.geo.kv_max
+        if not N:
+            raise ValueError("this artifact has no verify graphs (its manifest has no `speculative`)")
+        if T not in self.geo.key_buckets:
+            raise ValueError(f"{T} is not one of the key buckets {self.geo.key_buckets}")
+        ids, at = [], []
+        for run, p in zip(tokens, positions):
+            run = run or []
+            if len(run) > N or (run and p + len(run) > T):
+                raise ValueError(f"{len(run)} tokens at position {p} do not fit a verify of {N} over {T} keys")
+            ids.append(list(run) + [0] * (N - len(run)))
+            at += [p + i for i in range(len(run))] + [None] * (N - len(run))
+        h, ple = self.embed(ids)  # ids (B, N)
+        values = {
+            "hidden": h,
+            "ple": ple,
+            "rope": self._gather(self.rope_bits, [[p or 0 for p in at[b * N : (b + 1) * N]] for b in range(len(ids))]),
+            **self._rows(at, T),
+        }  # rope (B, N, 2D per kind); rows_<kind> (B*N, 2, T)
+        return self._assemble("verify", values, kv)
+
+    def draft_inputs(
+        self, tokens: list[int | None], hidden: torch.Tensor, positions: list[int], kv=(), keys: int | None = None
+    ) -> tuple[torch.Tensor, ...]:
+        """One drafter step per slot: slot b's input is cat(word embedding of tokens[b], hidden[b])
+        (B, 1, 2H), at rotary position positions[b] (the position of the token, not yet in the cache),
+        attending to the target's cache before it. rows_<kind> (B, 2, T): the mask row of position
+        positions[b] - 1, then the one-hot of one key more that the assistant sees: its sliding window
+        is inclusive (transformers' bidirectional overlay, distance <= window), so it reaches one
+        position further back than the target's (a global row has none). `None` marks an idle slot."""
+        T = keys or self.geo.kv_max
+        if self.geo.drafter is None:
+            raise ValueError("this artifact has no drafter (its manifest's `speculative` names none)")
+        if T not in self.geo.key_buckets:
+            raise ValueError(f"{T} is not one of the key buckets {self.geo.key_buckets}")
+        h, _ = self.embed([[t or 0] for t in tokens])  # (B, 1, H)
+        seen = [p - 1 if t is not None else None for t, p in zip(tokens, positions)]
+        W = self.geo.sliding_window
+        rows, further = self._rows(seen, T), self._rows([q - W if q is not None and q >= W else None for q in seen], T)
+        for kind in self.spans:
+            rows[f"rows_{kind}"][:, 1] = further[f"rows_{kind}"][:, 1] if kind == "sliding" else 0
+        values = {
+            "hidden": torch.cat((h, hidden.to(self.dtype).view(h.shape)), dim=-1),  # (B, 1, 2H)
+            "rope": self._gather(self.rope_bits, [[p if t is not None else 0] for t, p in zip(tokens, positions)]),
+            **rows,
+        }  # rope (B, 1, 2D per kind); rows_<kind> (B, 2, T)
+        return self._assemble("draft", values, kv)
 
     def copy_inputs(self, source: int, target: int, keep: int, keys: int, kv=()) -> tuple[torch.Tensor, ...]:
         """A fork: slot `target` takes slot `source`'s KV of positions 0 .. keep-1, for the copy graph

@@ -6,7 +6,9 @@ it is saved in, and each device graph's input signature. The build compiles it
 Every variant is one ModelBuilder model: a `prefill` key (a bucket per chunk length and key length
 that holds it, prefill_<C>_<T>), a `decode` key (a bucket per key length) that share one copy of the
 weights per core and the KV as aliased state, and at batch > 1 a `copy` key (a bucket per key
-length, no weights) that copies a slot's KV into another for a fork. With `prefill: host` the model
+length, no weights) that copies a slot's KV into another for a fork. With speculative decoding a
+`verify` key (verify_<N>_<T>) and, with a drafter, a `draft` key whose drafter weights every key
+holds (ModelBuilder shards the checkpoint by the first key's module). With `prefill: host` the model
 is the decode and copy keys alone; the prompt runs through a CPU prefill of the whole model whose
 KV the host writes into the state, split per rank as HOST_KV says.
 """
@@ -51,10 +53,26 @@ class NeuronLayout:
 
 
 def neuron_layout(
-    tp: int, prefill: str, buckets: tuple[int, ...], key_buckets: tuple[int, ...], batch: int
+    tp: int,
+    prefill: str,
+    buckets: tuple[int, ...],
+    key_buckets: tuple[int, ...],
+    batch: int,
+    verify: int = 0,
+    drafter: bool = False,
 ) -> NeuronLayout:
+    """With speculative decoding, `verify` (tokens per slot) and `drafter` add the verify and drafter
+    keys after the others: they read and write the same aliased KV state."""
     host = prefill == "host"
-    return NeuronLayout(tp, variant_graphs(buckets, key_buckets, batch, device_prefill=not host), host)
+    graphs = variant_graphs(buckets, key_buckets, batch, device_prefill=not host, verify=verify, drafter=drafter)
+    return NeuronLayout(tp, graphs, host)
+
+
+def geometry_layout(geo: Geometry) -> NeuronLayout:
+    """An artifact's layout, from its geometry."""
+    return neuron_layout(
+        geo.tp, geo.prefill, geo.buckets, geo.key_buckets, geo.batch, geo.verify, geo.drafter is not None
+    )
 
 
 def signature(geo: Geometry, graph: GraphKey) -> list[tuple[str, tuple[int, ...], torch.dtype]]:
@@ -68,9 +86,11 @@ def signature(geo: Geometry, graph: GraphKey) -> list[tuple[str, tuple[int, ...]
         shapes = {"source": (B,), "target": (B,), "held": (keys,)}
     else:
         rows = 1 if graph.kind == "prefill" else B
-        queries = S if graph.kind == "prefill" else B  # a mask-and-write row per chunk token, or per slot
+        # a mask-and-write row per chunk token, per slot, or per slot's verified token
+        queries = {"prefill": S, "verify": B * S}.get(graph.kind, B)
+        width = 2 * geo.hidden if graph.kind == "draft" else geo.hidden  # a drafter step: embedding and hidden state
         shapes = {
-            "hidden": (rows, S, geo.hidden),
+            "hidden": (rows, S, width),
             "ple": (rows, S, geo.num_layers, geo.ple_dim),
             "rope": (rows, S, sum(2 * r.head_dim for r in geo.rope.values())),
             "last": (1, S),

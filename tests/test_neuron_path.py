@@ -21,6 +21,7 @@ LAYOUTS = {  # the four ways a Neuron artifact runs; all through one ModelBuilde
     "batch4": ("tiny-e2b", "b4"),
     "tp2-device-prefill": ("tiny-e4b", "tp2"),
     "tp2-host-prefill": ("tiny-e4b", "tp2-host"),
+    "tp2-speculative": ("tiny-e2b", "spec-tp2"),  # verify and drafter keys on the same KV state
 }
 
 

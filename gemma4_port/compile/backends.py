@@ -12,7 +12,7 @@ from contract.hostside import HostInputs
 from gemma4_port.compile.cpu_tp import CpuTensorParallelGraphs
 from gemma4_port.compile.neuron import NeuronGraphs
 from gemma4_port.compile.pipeline import Build, run_pipeline, step
-from gemma4_port.compile.tracing import audio_encoder, trace_cpu, vision_encoder
+from gemma4_port.compile.tracing import audio_encoder, load_drafter, trace_cpu, vision_encoder
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.source.manifest import Manifest, Variant
 
@@ -29,10 +29,12 @@ class CpuGraphs:
         with step(progress, "load weights (strict key map)"):
             decoder = Gemma4Decoder(b.shards[0], DTYPES[b.variant.dtype])
             decoder.load_weights(b.reader)
+            drafter = load_drafter(b, 0)
         with step(progress, f"trace {len(b.geo.buckets)} prefill graph(s) + decode, lint"):
             vision = vision_encoder(b.vision, b.geo, b.reader)
             audio = audio_encoder(b.audio, b.geo, b.reader)
-            return trace_cpu(decoder, HostInputs(b.geo, b.tables), b.geo, b.out, vision=vision, audio=audio)
+            host = HostInputs(b.geo, b.tables)
+            return trace_cpu(decoder, host, b.geo, b.out, vision=vision, audio=audio, drafter=drafter)
 
 
 def graph_builder(manifest: Manifest, variant: Variant, backend: str):

@@ -18,6 +18,7 @@ from contract.hostside import HostInputs
 from gemma4_port.compile.pipeline import Build, step
 from gemma4_port.compile.tracing import EXAMPLE_TOKEN, audio_encoder, host_tables, trace_cpu, vision_encoder
 from gemma4_port.port.decoder import Gemma4Decoder
+from gemma4_port.port.drafter import Gemma4Drafter
 from gemma4_port.port.sharding import ModelShard
 from gemma4_port.source.checkpoint import CheckpointReader
 from runtime.model.ranks import RankGroup, all_reduce
@@ -27,12 +28,24 @@ class _RankTracer:
     """One rank's decoder: its shard of the weights, with `reduce` = the traceable all-reduce."""
 
     def __init__(
-        self, rank: int, tp: int, ckpt: Path, geo: Geometry, shards: list[ModelShard], vision=None, audio=None
+        self,
+        rank: int,
+        tp: int,
+        ckpt: Path,
+        geo: Geometry,
+        shards: list[ModelShard],
+        vision=None,
+        audio=None,
+        drafter=None,
     ):
         reader = CheckpointReader(ckpt)
         self.rank, self.geo = rank, geo
         self.decoder = Gemma4Decoder(shards[rank], DTYPES[geo.dtype], all_reduce)
         self.decoder.load_weights(reader)  # reads only this rank's rows/columns (get_slice)
+        self.drafter = None
+        if drafter is not None:  # (checkpoint folder, this rank's DrafterShard per rank)
+            self.drafter = Gemma4Drafter(drafter[1][rank], DTYPES[geo.dtype], all_reduce)
+            self.drafter.load_weights(CheckpointReader(drafter[0]))
         self.host = HostInputs(geo, host_tables(reader, geo, rows=EXAMPLE_TOKEN + 1))
         self.vision = vision_encoder(vision, geo, reader) if rank == 0 else None
         self.audio = audio_encoder(audio, geo, reader) if rank == 0 else None
@@ -40,7 +53,9 @@ class _RankTracer:
     def trace(self, out: Path) -> dict[str, str]:
         prefix = f"rank{self.rank}/"
         (out / "graphs" / prefix).mkdir()
-        return trace_cpu(self.decoder, self.host, self.geo, out, prefix, self.vision, self.audio)
+        return trace_cpu(
+            self.decoder, self.host, self.geo, out, prefix, vision=self.vision, audio=self.audio, drafter=self.drafter
+        )
 
 
 class CpuTensorParallelGraphs:
@@ -54,7 +69,8 @@ class CpuTensorParallelGraphs:
     def graphs(self, b: Build, progress) -> dict[str, str]:
         tp = b.variant.tp
         with step(progress, f"{tp} ranks (gloo): load each rank's shard, trace with all-reduce, lint"):
-            group = RankGroup(tp, _RankTracer, (b.ckpt, b.geo, b.shards, b.vision, b.audio))
+            drafter = (b.drafter.ckpt, b.drafter.shards) if b.drafter else None
+            group = RankGroup(tp, _RankTracer, (b.ckpt, b.geo, b.shards, b.vision, b.audio, drafter))
             try:
                 return {k: v for per_rank in group.call("trace", b.out) for k, v in per_rank.items()}
             finally:

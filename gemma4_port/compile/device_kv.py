@@ -14,16 +14,19 @@ from contract.graph_key import GraphKey
 from contract.hostside import HostInputs
 from contract.layout import signature
 from gemma4_port.compile.nxd_plan import nxd_plan, to_nxd
+from gemma4_port.compile.pipeline import DrafterBuild
 from gemma4_port.compile.tracing import CompileError, example_inputs
 from gemma4_port.port.decoder import Gemma4Decoder
-from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph
+from gemma4_port.port.drafter import Gemma4Drafter, ordered_head
+from gemma4_port.port.graphs import CopyGraph, DecodeGraph, DraftGraph, PrefillGraph, VerifyGraph
 from gemma4_port.port.kv import kv_shapes, ring_size
-from gemma4_port.port.sharding import ModelShard, shard_model
+from gemma4_port.port.sharding import ModelShard, shard_drafter, shard_model
 from gemma4_port.source.checkpoint import CheckpointReader
 from gemma4_port.source.manifest import Variant
 
-GRAPHS = {"prefill": PrefillGraph, "decode": DecodeGraph, "copy": CopyGraph}
+GRAPHS = {"prefill": PrefillGraph, "decode": DecodeGraph, "copy": CopyGraph, "verify": VerifyGraph}
 DECODER = "graph.decoder."  # where Gemma4Decoder's tensors sit inside a DeviceKV module
+DRAFTER = "graph.drafter."  # and a speculative drafter's, in every weighted key's module (graph_module)
 
 
 class DeviceKV(nn.Module):
@@ -78,12 +81,38 @@ def load_buffers(decoder: Gemma4Decoder, reader: CheckpointReader) -> None:
             buffers[e.name].copy_(reader.get(e.key).to(buffers[e.name].dtype))
 
 
-def full_checkpoint(ckpt: Path, config, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """The whole model at `dtype`, keyed as inside a DeviceKV: ModelBuilder slices it per rank."""
+def full_checkpoint(
+    ckpt: Path, config, dtype: torch.dtype, drafter: DrafterBuild | None = None
+) -> dict[str, torch.Tensor]:
+    """The whole model at `dtype` (and the whole drafter, its head in the centroid order where it has
+    one), keyed as inside a DeviceKV: ModelBuilder slices it per rank."""
     reader = CheckpointReader(ckpt)
+    whole_shard = shard_model(config)
     with torch.device("meta"):
-        whole = Gemma4Decoder(shard_model(config), dtype)
-    return {DECODER + e.name: reader.get(e.key).to(dtype).contiguous() for e in whole.weight_map()}
+        whole = Gemma4Decoder(whole_shard, dtype)
+    out = {DECODER + e.name: reader.get(e.key).to(dtype).contiguous() for e in whole.weight_map()}
+    if drafter is not None:
+        with torch.device("meta"):
+            assistant = Gemma4Drafter(shard_drafter(drafter.config, whole_shard), dtype)
+        for e in assistant.weight_map():
+            tensor = drafter.reader.get(e.key)
+            if e.name == "lm_head.weight" and assistant.drafter.ordered:
+                tensor = ordered_head(tensor, drafter.reader)
+            out[DRAFTER + e.name] = tensor.to(dtype).contiguous()
+    return out
+
+
+def graph_module(kind: str, decoder: Gemma4Decoder, drafter: Gemma4Drafter | None) -> nn.Module:
+    """A weighted key's graph. With a drafter every such key holds it (`graph.drafter`, unused but by
+    the draft key): the keys share their weights by name, and ModelBuilder shards the checkpoint by
+    the first key's module, which must hold every weight of the model."""
+    if kind == "draft":
+        assert drafter is not None  # the layout has a draft key only with a drafter
+        return DraftGraph(decoder, drafter)
+    graph = GRAPHS[kind](decoder)
+    if drafter is not None:
+        graph.drafter = drafter
+    return graph
 
 
 class RankGraph:
@@ -92,8 +121,8 @@ class RankGraph:
     the same), its split linears as NxD layers and its buffers from the checkpoint; get() returns it
     with its KV aliases. ModelBuilder feeds the parameters from full_checkpoint, cut per rank."""
 
-    def __init__(self, ckpt: Path, config, variant: Variant, graph: str):
-        self.ckpt, self.config, self.variant, self.graph = ckpt, config, variant, graph
+    def __init__(self, ckpt: Path, config, variant: Variant, graph: str, drafter: DrafterBuild | None = None):
+        self.ckpt, self.config, self.variant, self.graph, self.drafter = ckpt, config, variant, graph, drafter
 
     def load_module(self) -> None:
         from neuronx_distributed.parallel_layers import parallel_state
@@ -102,14 +131,28 @@ class RankGraph:
         shard = shard_model(self.config, v.tp, parallel_state.get_tensor_model_parallel_rank())
         if self.graph == "copy":  # no weights: the decoder only tells the copy its KV tensors' kinds
             with torch.device("meta"):
-                decoder = Gemma4Decoder(shard, dtype)
+                graph = CopyGraph(Gemma4Decoder(shard, dtype))
         else:
             decoder = empty_decoder(shard, dtype)
             if v.tp > 1:
                 to_nxd(decoder, nxd_plan(shard), dtype)
             load_buffers(decoder, CheckpointReader(self.ckpt))
+            graph = graph_module(self.graph, decoder, self.rank_drafter(shard, dtype))
         ring = ring_size(shard.sliding_window, v.kv_max, v.buckets)
-        self.module = DeviceKV(GRAPHS[self.graph](decoder), kv_shapes(shard, v.batch, v.kv_max, ring), dtype).eval()
+        self.module = DeviceKV(graph, kv_shapes(shard, v.batch, v.kv_max, ring), dtype).eval()
+
+    def rank_drafter(self, shard: ModelShard, dtype: torch.dtype) -> Gemma4Drafter | None:
+        """This rank's drafter beside its decoder: uninitialised storage, NxD layers at tp > 1, its
+        buffers from the checkpoint (NxD loads the parameters)."""
+        if self.drafter is None:
+            return None
+        with torch.device("meta"):
+            drafter = Gemma4Drafter(shard_drafter(self.drafter.config, shard), dtype)
+        drafter = drafter.to_empty(device="cpu")
+        if shard.tp > 1:
+            to_nxd(drafter, nxd_plan(drafter.shard), dtype)
+        load_buffers(drafter, self.drafter.reader)
+        return drafter
 
     def get(self, bucket_rank: int, **_) -> tuple[DeviceKV, dict]:
         return self.module, self.module.aliases()

@@ -34,22 +34,23 @@ from contract.hostside import HostInputs
 from contract.layout import HOST_KV, NXD_MODEL, NeuronLayout, neuron_layout
 from contract.versions import pin_problems
 from gemma4_port.compile.device_kv import (
-    GRAPHS,
     DeviceKV,
     RankGraph,
     check_inputs,
     empty_decoder,
     full_checkpoint,
     graph_inputs,
+    graph_module,
 )
 from gemma4_port.compile.nxd_plan import check_spmd, kv_head_ranges
-from gemma4_port.compile.pipeline import Build, step
+from gemma4_port.compile.pipeline import Build, DrafterBuild, step
 from gemma4_port.compile.platform import pin_platform
 from gemma4_port.compile.tracing import CompileError, example_inputs, geometry, trace_quietly
 from gemma4_port.port.decoder import Gemma4Decoder
-from gemma4_port.port.graphs import PrefillGraph
+from gemma4_port.port.drafter import Gemma4Drafter
+from gemma4_port.port.graphs import CopyGraph, PrefillGraph
 from gemma4_port.port.lint import check_traced
-from gemma4_port.port.sharding import ModelShard, shard_model
+from gemma4_port.port.sharding import ModelShard, shard_drafter, shard_model
 from gemma4_port.source.checkpoint import cache_root
 from gemma4_port.source.manifest import Manifest, Toolchain, Variant
 from runtime.model.neuron_sdk import installed_versions, require
@@ -91,6 +92,7 @@ class _Build:
     host: HostInputs
     out: Path
     workdir: Path
+    drafter: DrafterBuild | None = None
 
     @property
     def dtype(self) -> torch.dtype:
@@ -106,10 +108,15 @@ class _Build:
     def examples(self) -> dict[str, list[tuple[torch.Tensor, ...]]]:
         """Each ModelBuilder key's bucket example inputs, checked against the signatures and linted
         on rank 0's graph (check_spmd made it every rank's; its values do not matter to the lint)."""
-        decoder = empty_decoder(shard_model(self.config, self.variant.tp, 0), self.dtype)
+        shard = shard_model(self.config, self.variant.tp, 0)
+        decoder = empty_decoder(shard, self.dtype)
+        drafter = None
+        if self.drafter is not None:
+            drafter = Gemma4Drafter(shard_drafter(self.drafter.config, shard), self.dtype)
         out = {}
         for key, graphs in self.layout.keys.items():
-            module = DeviceKV(GRAPHS[key](decoder), self.geo.kv_shapes, self.dtype).eval()
+            graph = CopyGraph(decoder) if key == "copy" else graph_module(key, decoder, drafter)
+            module = DeviceKV(graph, self.geo.kv_shapes, self.dtype).eval()
             out[key] = []
             for graph in graphs:
                 inputs = graph_inputs(self.host, self.geo, graph)
@@ -126,14 +133,14 @@ def _model_builder(b: _Build, examples: dict[str, list[tuple]]) -> dict[str, str
         router=None,
         tp_degree=b.variant.tp,
         compiler_workdir=str(b.workdir),
-        checkpoint_loader=partial(full_checkpoint, b.ckpt, b.config, b.dtype),
+        checkpoint_loader=partial(full_checkpoint, b.ckpt, b.config, b.dtype, b.drafter),
     )
     # One model, a key per graph: they share weights and KV state. ModelBuilder shards the checkpoint
     # by the first key's module (model_builder.py shard_checkpoint), so the weightless copy comes last.
     for key, inputs in examples.items():
         builder.add(
             key=key,
-            model_instance=RankGraph(b.ckpt, b.config, b.variant, key),
+            model_instance=RankGraph(b.ckpt, b.config, b.variant, key, b.drafter),
             example_inputs=inputs,
             compiler_args=" ".join(b.compiler_args),
         )
@@ -169,7 +176,16 @@ class NeuronGraphs:
 
     def __init__(self, manifest: Manifest, variant: Variant):
         self.manifest, self.variant = manifest, variant
-        self.layout = neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.key_buckets, variant.batch)
+        spec = manifest.speculative_for(variant)
+        self.layout = neuron_layout(
+            variant.tp,
+            variant.prefill,
+            variant.buckets,
+            variant.key_buckets,
+            variant.batch,
+            spec.k + 1 if spec else 0,
+            bool(spec and spec.has_drafter),
+        )
 
     def check(self) -> dict[str, str]:
         # ModelBuilder compiles through neuron_xla_compile with its persistent cache, keyed by the HLO
@@ -186,6 +202,8 @@ class NeuronGraphs:
     def graphs(self, start: Build, progress) -> dict[str, str]:
         manifest, variant, layout = self.manifest, self.variant, self.layout
         check_spmd(start.shards)
+        if start.drafter is not None:
+            check_spmd([d.model for d in start.drafter.shards])
         b = _Build(
             manifest,
             variant,
@@ -196,6 +214,7 @@ class NeuronGraphs:
             HostInputs(start.geo, start.tables),
             start.out,
             compiler_workdir(manifest.name, variant.name),
+            start.drafter,
         )
         graphs = {}
         if layout.host_prefill:

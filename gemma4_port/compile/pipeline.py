@@ -36,21 +36,24 @@ from gemma4_port.compile.tracing import (
     CompileError,
     TableBlobs,
     audio_geometry,
+    check_drafter_rope,
     geometry,
     host_tables,
     vision_geometry,
 )
-from gemma4_port.port.sharding import ModelShard, shard_model
+from gemma4_port.port.sharding import DrafterShard, ModelShard, ShardingError, shard_drafter, shard_model
 from gemma4_port.source.checkpoint import (
     AUDIO_PROCESSOR,
     CheckpointReader,
     read_audio_config,
     read_config,
+    read_drafter_config,
     read_text_config,
     read_vision_config,
     resolve_checkpoint,
+    resolve_drafter,
 )
-from gemma4_port.source.manifest import Manifest, Variant
+from gemma4_port.source.manifest import Manifest, Speculative, Variant
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from runtime.model.loader import SelfTestFailed, load_artifact
 from runtime.model.neuron_sdk import wheel_versions
@@ -73,6 +76,16 @@ def step(progress, text: str):
 
 
 @dataclass
+class DrafterBuild:
+    """The speculative drafter's checkpoint, config and per-rank shards."""
+
+    ckpt: Path
+    config: object  # Gemma4AssistantConfig
+    reader: CheckpointReader
+    shards: list[DrafterShard]  # one per rank, each the drafter beside that rank's target shard
+
+
+@dataclass
 class Build:
     """What every graph builder starts from."""
 
@@ -88,6 +101,7 @@ class Build:
     tables: TableBlobs
     vision: object | None = None  # Gemma4VisionConfig where the artifact has image encoder graphs
     audio: object | None = None  # Gemma4AudioConfig where the artifact has audio encoder graphs
+    drafter: DrafterBuild | None = None
 
 
 class GraphBuilder(Protocol):
@@ -129,12 +143,21 @@ def start_build(manifest: Manifest, variant: Variant, out: Path | None = None, p
     # The media placeholders the vocabulary holds (a text model's config may keep the real ids, past it).
     ids = {kind: raw.get(f"{kind}_token_id") for kind in ("image", "audio", "video")}
     placeholders = {kind: i for kind, i in ids.items() if isinstance(i, int) and 0 <= i < config.vocab_size}
+    spec = manifest.speculative_for(variant)
+    drafter = start_drafter(manifest, spec, config, shards, progress) if spec and spec.has_drafter else None
     # every rank has the same per-rank shapes and inputs
     geo = geometry(
-        config, shards[0], variant, vision_geometry(vision, variant), placeholders, audio_geometry(audio, variant)
+        config,
+        shards[0],
+        variant,
+        vision_geometry(vision, variant),
+        placeholders,
+        audio_geometry(audio, variant),
+        spec=spec,
+        drafter=drafter.shards[0] if drafter else None,
     )
     tmp = _prepare(out, ckpt, geo) if out is not None else None
-    tables = host_tables(reader, geo)
+    tables = host_tables(reader, geo, drafter=drafter.reader if drafter else None)
     return Build(
         manifest,
         variant,
@@ -148,7 +171,23 @@ def start_build(manifest: Manifest, variant: Variant, out: Path | None = None, p
         tables,
         vision if geo.vision else None,
         audio if geo.audio else None,
+        drafter,
     )
+
+
+def start_drafter(manifest: Manifest, spec: Speculative, config, shards: list[ModelShard], progress) -> DrafterBuild:
+    """The drafter's checkpoint (a download, or the random one written), checked against the target:
+    its width and vocabulary, a target cache of each kind its layers read, the same rope and window."""
+    with step(progress, "drafter checkpoint"):
+        ckpt = resolve_drafter(manifest, spec, config.hidden_size)
+        drafter_config = read_drafter_config(ckpt)
+        reader = CheckpointReader(ckpt)
+    check_drafter_rope(config, drafter_config)
+    try:
+        drafters = [shard_drafter(drafter_config, s) for s in shards]
+    except ShardingError as exc:
+        raise CompileError(f"speculative drafter {spec.drafter or 'random'}: {exc}") from None
+    return DrafterBuild(ckpt, drafter_config, reader, drafters)
 
 
 def _prepare(dest: Path, ckpt: Path, geo: Geometry) -> Path:

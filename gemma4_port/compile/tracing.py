@@ -11,21 +11,24 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from contract.artifact import AudioGeometry, Geometry, Rope, VisionGeometry
+from contract.artifact import AudioGeometry, DrafterGeometry, Geometry, Rope, VisionGeometry
 from contract.dtypes import DTYPES
 from contract.errors import Gemma4Error
 from contract.graph_key import GraphKey, encoder_graphs, variant_graphs
-from contract.hostside import VISION_POSITIONS, HostInputs, scaled_tables
+from contract.hostside import DRAFT_ORDERING, VISION_POSITIONS, HostInputs, scaled_tables
 from contract.media_inputs import AudioInputs, VisionInputs
 from gemma4_port.port.audio import AudioEncoder
 from gemma4_port.port.decoder import Gemma4Decoder
-from gemma4_port.port.graphs import CopyGraph, DecodeGraph, PrefillGraph, input_names
+from gemma4_port.port.drafter import ORDERING_KEY, Gemma4Drafter
+from gemma4_port.port.graphs import CopyGraph, DecodeGraph, DraftGraph, PrefillGraph, VerifyGraph, input_names
 from gemma4_port.port.kv import kinds_present, kv_kinds, kv_shapes, ring_size
 from gemma4_port.port.lint import check_traced
-from gemma4_port.port.sharding import ModelShard
+from gemma4_port.port.sharding import DrafterShard, ModelShard
 from gemma4_port.port.vision import VisionEncoder
 from gemma4_port.source.checkpoint import CheckpointReader
-from gemma4_port.source.manifest import Variant
+from gemma4_port.source.manifest import Speculative, Variant
+
+GRAPH_KINDS = ("prefill", "decode", "copy", "verify", "draft")
 
 
 class CompileError(Gemma4Error, RuntimeError):
@@ -88,6 +91,29 @@ def audio_geometry(audio, variant: Variant) -> AudioGeometry | None:
     )
 
 
+def check_drafter_rope(config, drafter_config) -> None:
+    """The drafter's layers take the target's rotary tables and masks: same rope and window per kind."""
+    text = drafter_config.text_config
+    dims = {
+        "full" if t == "full_attention" else "sliding": lc.head_dim
+        for t, lc in zip(text.layer_types, text.per_layer_config)
+    }
+    for kind, dim in dims.items():
+        if rope_inv_freq(text, kind, dim) != rope_inv_freq(config, kind, dim):
+            raise CompileError(f"the drafter's {kind} layers rotate otherwise than the target's (rope_parameters)")
+    if "sliding_attention" in text.layer_types and text.sliding_window != config.sliding_window:
+        raise CompileError(
+            f"the drafter's sliding window {text.sliding_window} is not the target's {config.sliding_window}"
+        )
+
+
+def drafter_geometry(spec: Speculative, d: DrafterShard) -> DrafterGeometry:
+    source = spec.drafter if spec.drafter is not None else "random"
+    return DrafterGeometry(
+        source=source, revision=spec.revision, k=spec.k, hidden=d.model.hidden, backbone=d.backbone, ordered=d.ordered
+    )
+
+
 def geometry(
     config,
     shard: ModelShard,
@@ -95,7 +121,11 @@ def geometry(
     vision: VisionGeometry | None = None,
     placeholders: dict[str, int] | None = None,
     audio: AudioGeometry | None = None,
+    spec: Speculative | None = None,
+    drafter: DrafterShard | None = None,
 ) -> Geometry:
+    """The variant's geometry; with `spec` (the manifest's speculative decoding, if this variant is
+    built with it) its verify graphs, and with `drafter` (its rank-0 shard) the drafter's."""
     kinds = kinds_present(shard)
     head_dims = {s.kind: s.head_dim for s in shard.layers}
     ring = ring_size(shard.sliding_window, variant.kv_max, variant.buckets)
@@ -119,12 +149,14 @@ def geometry(
         key_buckets=variant.key_buckets,
         tp=variant.tp,
         prefill=variant.prefill,
-        inputs={g: tuple(input_names(shard, g)) for g in ("prefill", "decode", "copy")},
+        inputs={g: tuple(input_names(shard, g)) for g in GRAPH_KINDS},
         pad_id=config.pad_token_id,
         placeholders=placeholders or {},
         vision=vision,
         audio=audio,
         bidirectional_vision=config.use_bidirectional_attention == "vision",
+        verify=spec.k + 1 if spec else 0,
+        drafter=drafter_geometry(spec, drafter) if spec and drafter else None,
     )
 
 
@@ -150,9 +182,12 @@ class TableBlobs:
 EXAMPLE_TOKEN = 1  # the only id the trace's example inputs look up
 
 
-def host_tables(reader: CheckpointReader, geo: Geometry, rows: int | None = None) -> TableBlobs:
-    """The scaled host tables; with `rows`, only their first rows (enough for the example inputs of
-    a tp rank's trace, which would otherwise hold a whole vocabulary-sized copy per rank)."""
+def host_tables(
+    reader: CheckpointReader, geo: Geometry, rows: int | None = None, drafter: CheckpointReader | None = None
+) -> TableBlobs:
+    """The scaled host tables (and a centroid-headed drafter's vocabulary order, from its checkpoint
+    `drafter`); with `rows`, only their first rows (enough for the example inputs of a tp rank's
+    trace, which would otherwise hold a whole vocabulary-sized copy per rank)."""
 
     def read(key: str) -> torch.Tensor:
         return reader.get(key) if rows is None else reader.get_slice(key, 0, 0, rows)
@@ -162,6 +197,8 @@ def host_tables(reader: CheckpointReader, geo: Geometry, rows: int | None = None
     if geo.vision is not None:
         table = reader.get("vision_tower.patch_embedder.position_embedding_table")  # (2, E, W)
         blobs[VISION_POSITIONS] = table.to(DTYPES[geo.dtype]).contiguous()
+    if drafter is not None and geo.drafter is not None and geo.drafter.ordered:
+        blobs[DRAFT_ORDERING] = drafter.get(ORDERING_KEY).long().contiguous()
     return TableBlobs(blobs)
 
 
@@ -174,6 +211,11 @@ def example_inputs(host: HostInputs, geo: Geometry, graph: GraphKey):
         return host.prefill_inputs([EXAMPLE_TOKEN] * max(1, bucket // 2), bucket, 0, kv, keys=keys)
     if graph.kind == "copy":
         return host.copy_inputs(0, 1, keys, keys, kv)
+    if graph.kind == "verify":
+        return host.verify_inputs([[EXAMPLE_TOKEN] * geo.verify] * geo.batch, [0] * geo.batch, kv, keys=keys)
+    if graph.kind == "draft":
+        hidden = torch.zeros(geo.batch, geo.hidden, dtype=dtype)
+        return host.draft_inputs([EXAMPLE_TOKEN] * geo.batch, hidden, [1] * geo.batch, kv, keys=keys)
     return host.decode_inputs([EXAMPLE_TOKEN] * geo.batch, [0] * geo.batch, kv, keys=keys)
 
 
@@ -214,6 +256,16 @@ def example_image(geo: Geometry, soft_tokens: int) -> dict[str, torch.Tensor]:
     return {"pixel_values": torch.full((1, n * k * k, 3 * v.patch_size**2), 0.5), "image_position_ids": pos}
 
 
+def load_drafter(b, rank: int, reduce=None, reader: CheckpointReader | None = None) -> Gemma4Drafter | None:
+    """Rank `rank`'s drafter of build `b` (compile.pipeline.Build) with the checkpoint's weights;
+    None without one."""
+    if b.drafter is None:
+        return None
+    drafter = Gemma4Drafter(b.drafter.shards[rank], DTYPES[b.geo.dtype], reduce)
+    drafter.load_weights(reader or b.drafter.reader)
+    return drafter
+
+
 def trace_quietly(trace, *args, **kwargs):
     """torch.jit.trace / trace_module without check_trace, and without the warnings that each graph's
     static shapes (a bucket is a Python constant in its graph, as intended) would print."""
@@ -230,15 +282,18 @@ def trace_cpu(
     prefix: str = "",
     vision: VisionEncoder | None = None,
     audio: AudioEncoder | None = None,
+    drafter: Gemma4Drafter | None = None,
 ) -> dict:
     """TorchScript graphs, one prefill per chunk bucket and key bucket that holds it, one decode (and
-    at batch > 1 one copy) per key bucket, and with `vision` / `audio` one encoder per soft-token bucket,
-    each traced at its own shape, as methods of one module saved in one file: they share one copy of
-    the weights in RAM."""
+    at batch > 1 one copy, with speculation one verify and with a drafter one drafter step) per key
+    bucket, and with `vision` / `audio` one encoder per soft-token bucket, each traced at its own
+    shape, as methods of one module saved in one file: they share one copy of the weights in RAM."""
     graphs = nn.Module()
     graphs.prefill, graphs.decode = PrefillGraph(decoder).eval(), DecodeGraph(decoder).eval()
-    graphs.copy = CopyGraph(decoder).eval()
-    methods = variant_graphs(geo.buckets, geo.key_buckets, geo.batch)
+    graphs.copy, graphs.verify = CopyGraph(decoder).eval(), VerifyGraph(decoder).eval()
+    if drafter is not None:
+        graphs.draft = DraftGraph(decoder, drafter).eval()
+    methods = variant_graphs(geo.buckets, geo.key_buckets, geo.batch, verify=geo.verify, drafter=drafter is not None)
     examples = {str(graph): example_inputs(host, geo, graph) for graph in methods}
     if vision is not None:
         graphs.vision = vision.eval()

@@ -36,12 +36,13 @@ from contract.dtypes import DTYPES
 from contract.layout import NeuronLayout, neuron_layout
 from gemma4_port.port.audio import AudioEncoder
 from gemma4_port.port.decoder import Gemma4Decoder
+from gemma4_port.port.drafter import Gemma4Drafter
 from gemma4_port.port.kv import kinds_present, kv_shapes, ring_size
 from gemma4_port.port.layers import KEY_BLOCK
-from gemma4_port.port.sharding import ShardingError, shard_model
+from gemma4_port.port.sharding import ShardingError, shard_drafter, shard_model
 from gemma4_port.port.vision import VisionEncoder
-from gemma4_port.source.configs import text_config_for
-from gemma4_port.source.manifest import Manifest, Variant
+from gemma4_port.source.configs import audio_config_for, drafter_config_for, text_config_for, vision_config_for
+from gemma4_port.source.manifest import Manifest, Speculative, Variant
 
 GIB = 2**30
 MIB = 2**20
@@ -92,18 +93,32 @@ class ModelSizes:
     and of its encoders (`vision`: a Gemma4VisionConfig, `audio`: a Gemma4AudioConfig, or None),
     replicated on every rank."""
 
-    def __init__(self, config, vision=None, audio=None):
-        self.config = config
-        self.vision, self.audio = vision, audio
+    def __init__(self, config, vision=None, audio=None, speculative: Speculative | None = None, drafter_config=None):
         # Memoised per instance (a method-level cache would keep every instance alive).
         self.shard = cache(partial(shard_model, config))
         self.weights = cache(self._weights)
+        self.drafter_weights = cache(self._drafter_weights)
 
     def _weights(self, tp: int, rank: int) -> int:
         """Every parameter and buffer of the rank's device graph: the weights its neffs take as inputs."""
         with torch.device("meta"):
             decoder = Gemma4Decoder(self.shard(tp, rank))
         return sum(t.numel() for t in (*decoder.parameters(), *decoder.buffers()))
+
+    def _drafter_weights(self, tp: int, rank: int) -> int:
+        """The drafter's parameters and buffers beside the rank's decoder (0 without a drafter)."""
+        if self.drafter_config is None:
+            return 0
+        with torch.device("meta"):
+            drafter = Gemma4Drafter(shard_drafter(self.drafter_config, self.shard(tp, rank)))
+        return sum(t.numel() for t in (*drafter.parameters(), *drafter.buffers()))
+
+    def speculation(self, variant: Variant) -> tuple[int, bool]:
+        """(verify tokens per slot, whether a drafter comes with them) for the variant."""
+        spec = self.speculative
+        if spec is None or not spec.applies_to(variant.name):
+            return 0, False
+        return spec.k + 1, self.drafter_config is not None
 
     def kv(self, tp: int, rank: int, batch: int, kv_max: int, ring: int) -> int:
         """KV elements: global layers keep kv_max positions, sliding layers a ring of `ring`."""
@@ -179,6 +194,7 @@ class Footprint:
     encoder_weights: int = 0  # the image encoder at the variant dtype, replicated on every core
     encoder_transient: int = 0  # its largest graph's working set (float32 scores and inputs)
     encoder_table: int = 0  # its host table (the tower's 2-D position embeddings)
+    drafter_weights: int = 0  # the whole speculative drafter (its rank's share is in rank_weights)
 
     @property
     def rank_transient(self) -> int:
@@ -235,10 +251,14 @@ def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
     ranks = range(variant.tp)
     scores, rows = max(sizes.transient(variant.tp, r, variant) for r in ranks)
     encoder, encoder_transient, encoder_table = sizes.encoder(variant)
+    verify, drafter = sizes.speculation(variant)
+    v = variant
+    weights = [sizes.weights(v.tp, r) + (sizes.drafter_weights(v.tp, r) if drafter else 0) for r in ranks]
     return Footprint(
         variant=variant,
-        layout=neuron_layout(variant.tp, variant.prefill, variant.buckets, variant.key_buckets, variant.batch),
-        rank_weights=size * max(sizes.weights(variant.tp, r) for r in ranks),
+        layout=neuron_layout(v.tp, v.prefill, v.buckets, v.key_buckets, v.batch, verify, drafter),
+        rank_weights=size * max(weights),
+        drafter_weights=size * (sizes.drafter_weights(1, 0) if drafter else 0),
         rank_kv=size * max(sizes.kv(variant.tp, r, variant.batch, variant.kv_max, sizes.ring(variant)) for r in ranks),
         rank_scores=4 * scores,
         rank_rows=size * rows,
@@ -248,6 +268,17 @@ def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
         encoder_weights=size * encoder,
         encoder_transient=4 * encoder_transient,
         encoder_table=size * encoder_table,
+    )
+
+
+def model_sizes(manifest: Manifest) -> ModelSizes:
+    """The manifest's model (and speculative drafter) as ModelSizes, from their configs alone."""
+    return ModelSizes(
+        text_config_for(manifest),
+        vision_config_for(manifest),
+        audio_config_for(manifest),
+        manifest.speculative,
+        drafter_config_for(manifest),
     )
 
 
@@ -270,7 +301,7 @@ def compile_swap_gib(manifest: Manifest, variant: Variant, host_gib: int = BUILD
     """The swap (GiB) the Neuron compile of `variant` needs at least on a build host with `host_gib` of
     RAM, when its counted floor already overflows; None when it does not: the rest (neuronx-cc per
     graph) is unknown until measured, so no "no swap" verdict is founded."""
-    swap = swap_gib(footprint(ModelSizes(text_config_for(manifest)), variant).compile_floor, host_gib)
+    swap = swap_gib(footprint(model_sizes(manifest), variant).compile_floor, host_gib)
     return swap or None
 
 

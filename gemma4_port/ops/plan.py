@@ -27,11 +27,12 @@ from gemma4_port.ops.capacity import (
     gib,
     host_verdict,
     kv_max_limit,
+    model_sizes,
     swap_gib,
 )
 from gemma4_port.ops.roofline import ALL_REDUCE_S, ASSUMPTIONS, break_even_all_reduce_s, roofline, rooflines
 from gemma4_port.port.sharding import shard_table
-from gemma4_port.source.configs import audio_config_for, text_config_for, vision_config_for
+from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import Manifest, load_manifest
 
 SHORT = {"float32": "fp32", "bfloat16": "bf16"}
@@ -39,10 +40,14 @@ POD = Instance(f"xlarge pod ({POD_LIMIT_GIB} Gi)", POD_LIMIT_GIB, INSTANCES[0].v
 
 
 def describe(layout: NeuronLayout) -> str:
-    copies = len(layout.keys.get("copy", ()))
-    n = len(layout.device_graphs) - copies
-    return (f"{n} decode (host prefill)" if layout.host_prefill else f"{n} graphs") + (
-        f" + {copies} copy" if copies else ""
+    keys = layout.keys
+    copies, verifies, drafts = (len(keys.get(k, ())) for k in ("copy", "verify", "draft"))
+    n = len(layout.device_graphs) - copies - verifies - drafts
+    return (
+        (f"{n} decode (host prefill)" if layout.host_prefill else f"{n} graphs")
+        + (f" + {copies} copy" if copies else "")
+        + (f" + {verifies} verify" if verifies else "")
+        + (f" + {drafts} draft" if drafts else "")
     )
 
 
@@ -61,7 +66,7 @@ def core_table(manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> T
             f"{v.batch} x {v.kv_max}",
             str(sizes.ring(v)),
             describe(fp.layout),
-            gib(fp.rank_weights),
+            gib(fp.rank_weights) + (f" (drafter {gib(fp.drafter_weights // v.tp)})" if fp.drafter_weights else ""),
             gib(fp.encoder_weights) if fp.encoder_weights else "-",
             gib(fp.rank_kv),
             gib(fp.scratchpad),
@@ -182,7 +187,7 @@ def plan_main(args) -> int:
     manifest = load_manifest(args.manifest)
     variants = [manifest.variant(args.variant)] if args.variant else list(manifest.variants)
     config = text_config_for(manifest)
-    sizes = ModelSizes(config, vision_config_for(manifest), audio_config_for(manifest))
+    sizes = model_sizes(manifest)
     console = build_console()
     render(console, manifest, sizes, [footprint(sizes, v) for v in variants])
     if args.shards:

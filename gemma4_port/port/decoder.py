@@ -138,9 +138,11 @@ class Gemma4Decoder(nn.Module):
             h = h + layer.post_per_layer_input_norm(layer.per_layer_projection(g))
         return h * layer.layer_scalar
 
-    def logits(self, h_last: torch.Tensor) -> torch.Tensor:
-        """h_last (B, H) -> raw logits (B, V); no softcap on the device."""
-        return self.lm_head(self.norm(h_last))
+    def rows(self, h: torch.Tensor) -> torch.Tensor:
+        """h (N, H), the last layer's output -> rows (N, V + H): raw logits (no softcap on the device),
+        then the final-norm hidden state they come from (what a drafter step starts from)."""
+        normed = self.norm(h)
+        return torch.cat((self.lm_head(normed), normed), dim=-1)
 
     def forward(self, h, ple, rope, masks, caches, write, last=None):
         """The layer loop both graphs run (as gpt-fast's one forward serves prefill and decode).
@@ -148,7 +150,8 @@ class Gemma4Decoder(nn.Module):
         (N, S, D)}; masks {kind: (N, 1, S, T)} additive; caches: the KV tensors the layers read
         (N, KVH, T, D), K then V per cache; write(kind, cache, new) puts a layer's new K or V
         (N, KVH, S, D) into its cache; last (N, S) one-hot of the token whose logits are wanted, or
-        None when S is 1. Returns raw logits (N, V) and the caches with this step's K/V in."""
+        None for every token's. Returns the last layer's output (N, S, H), or (N, 1, H) with `last`,
+        and the caches with this step's K/V in."""
         if self.shard.ple_dim:
             ple = self.project_ple(h, ple)
         caches = list(caches)
@@ -167,7 +170,7 @@ class Gemma4Decoder(nn.Module):
             h = self.layer_tail(layer, h, a, ple[:, :, s.index] if self.shard.ple_dim else None)
         if last is not None and self.shard.first_shared == self.shard.num_layers:
             h = torch.matmul(last.unsqueeze(1), h)  # (N, 1, H)
-        return self.logits(h[:, 0]), caches
+        return h, caches
 
     def keep_last(self, last, h, ple, rope, masks):
         """Every per-token input narrowed to the token `last` picks, by a one-hot product."""
@@ -193,7 +196,8 @@ class Gemma4Decoder(nn.Module):
         h (1, C, H); ple (1, C, L, P) or None; rope {kind: (cos, sin) (1, C, D)};
         rows {kind: (C, 2, T_kind)}: per token an additive mask row, then its one-hot write row;
         last (1, C) one-hot of the token whose logits are returned; slot (B,) one-hot;
-        kv: 2 tensors per cache (B, KVH, S, D). Returns raw logits (1, V) and the new KV tensors.
+        kv: 2 tensors per cache (B, KVH, S, D). Returns the last token's rows (1, V + H) and the new
+        KV tensors.
         """
         B = slot.shape[0]
         masks = {k: r[:, 0].unsqueeze(0).unsqueeze(0) for k, r in rows.items()}  # (1, 1, C, T)
@@ -208,10 +212,10 @@ class Gemma4Decoder(nn.Module):
             placed = torch.matmul(puts[kind], new)  # (1, KVH, T, D): each chunk token at its position
             return torch.where(hits[kind], placed, cache)
 
-        logits, mine = self.forward(h, ple, rope, masks, mine, write, last)
+        h, mine = self.forward(h, ple, rope, masks, mine, write, last)
         sel = slot.view(B, 1, 1, 1) > 0  # (B, 1, 1, 1)
         new_kv = [write_one_hot(old, new, sel) for old, new in zip(read, mine)]  # (B, KVH, T, D)
-        return logits, with_tail(new_kv, kv)
+        return self.rows(h[:, 0]), with_tail(new_kv, kv)
 
     def decode(self, h, ple, rope, rows, kv):
         """One token for every slot. A decode bucket of T keys: every busy slot's position is below T,
@@ -220,7 +224,7 @@ class Gemma4Decoder(nn.Module):
 
         h (B, 1, H); ple (B, 1, L, P) or None; rope {kind: (cos, sin) (B, 1, D)};
         rows {kind: (B, 2, T_kind)}: per slot an additive mask row, then the one-hot write of its
-        position (all zero for an idle slot); kv as in prefill.
+        position (all zero for an idle slot); kv as in prefill. Returns rows (B, V + H) and the new KV.
         """
         B = h.shape[0]
         masks = {k: r[:, 0].view(B, 1, 1, -1) for k, r in rows.items()}  # (B, 1, 1, T)
@@ -229,8 +233,29 @@ class Gemma4Decoder(nn.Module):
         def write(kind, cache, new):
             return write_one_hot(cache, new, writes[kind])  # new (B, KVH, 1, D) at each slot's position
 
-        logits, read = self.forward(h, ple, rope, masks, self.leading(kv, rows), write)
-        return logits, with_tail(read, kv)
+        h, read = self.forward(h, ple, rope, masks, self.leading(kv, rows), write)
+        return self.rows(h[:, 0]), with_tail(read, kv)
+
+    def verify(self, h, ple, rope, rows, kv):
+        """N tokens for every slot, slot b's at its own positions p_b .. p_b+N-1 (a speculative
+        verify: the slot's next token and the drafted ones), written into its cache as a prefill
+        chunk's are (a one-hot product per slot; padding rows write nothing), each attending through
+        its own mask row. Over T keys as in decode, every real position below T.
+        h (B, N, H); ple (B, N, L, P) or None; rope {kind: (cos, sin) (B, N, D)};
+        rows {kind: (B*N, 2, T_kind)}, slot-major; kv as in prefill.
+        Returns rows (B*N, V + H), every token's, and the new KV tensors.
+        """
+        B, N = h.shape[:2]
+        per_slot = {k: r.view(B, N, 2, -1) for k, r in rows.items()}  # (B, N, 2, T)
+        masks = {k: r[:, :, 0].unsqueeze(1) for k, r in per_slot.items()}  # (B, 1, N, T)
+        puts = {k: r[:, :, 1].transpose(1, 2).unsqueeze(1) for k, r in per_slot.items()}  # (B, 1, T, N)
+        hits = {k: p.sum(-1, keepdim=True) > 0 for k, p in puts.items()}  # (B, 1, T, 1)
+
+        def write(kind, cache, new):
+            return torch.where(hits[kind], torch.matmul(puts[kind], new), cache)  # new (B, KVH, N, D)
+
+        h, read = self.forward(h, ple, rope, masks, self.leading(kv, rows), write)
+        return self.rows(h.reshape(B * N, -1)), with_tail(read, kv)  # h (B, N, H) -> (B*N, H)
 
     def leading(self, kv, rows) -> list[torch.Tensor]:
         """The first T_kind positions of every KV tensor, T_kind the width of its kind's rows."""

@@ -1,13 +1,16 @@
-"""Prefill and decode as two traceable modules with flat tensor signatures (what a tracer and a
-neff take), sharing one `Gemma4Decoder`'s weights, and a fork's slot copy, which has none. Input
-names are recorded in artifact.json so the host side builds exactly the tensors each graph was
-traced with."""
+"""Prefill, decode and a speculative verify as traceable modules with flat tensor signatures (what a
+tracer and a neff take), sharing one `Gemma4Decoder`'s weights; a drafter step over the same KV
+(`Gemma4Drafter`); and a fork's slot copy, which has no weights. Input names are recorded in
+artifact.json so the host side builds exactly the tensors each graph was traced with. Every graph's
+first output is one tensor of rows (logits, then the hidden state), the KV tensors after it."""
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 from gemma4_port.port.decoder import Gemma4Decoder
+from gemma4_port.port.drafter import Gemma4Drafter
 from gemma4_port.port.kv import copy_slot, kinds_present, kv_kinds
 
 
@@ -16,11 +19,14 @@ def input_names(m, graph: str) -> list[str]:
     rope (N, S, sum over kinds of 2D): cos then sin per kind; rows_<kind> (N, 2, T): per query
     (a prefill chunk's tokens, or decode's slots) its mask row over that kind's cache, then its
     one-hot write row (a global cache and a sliding ring differ in width, hence one input per kind).
-    copy: source and target slot one-hots (B,), and held (T,), the global positions a fork keeps."""
+    copy: source and target slot one-hots (B,), and held (T,), the global positions a fork keeps.
+    verify: as decode, N tokens per slot (rows_<kind> (B*N, 2, T)). draft: hidden (B, 1, 2H) is the
+    drafter's input, cat(word embedding, hidden state); no PLE; rows_<kind> (B, 2, T): a mask row,
+    then one more key it sees (contract.hostside.HostInputs.draft)."""
     kv = [f"kv{c}_{kv}" for c in range(len(m.cache_layers)) for kv in ("k", "v")]
     if graph == "copy":
         return ["source", "target", "held", *kv]
-    names = ["hidden"] + (["ple"] if m.ple_dim else []) + ["rope"]
+    names = ["hidden"] + (["ple"] if m.ple_dim and graph != "draft" else []) + ["rope"]
     names += [f"rows_{kind}" for kind in kinds_present(m)]
     names += ["last", "slot"] if graph == "prefill" else []
     return names + kv
@@ -63,8 +69,8 @@ class PrefillGraph(_FlatGraph):
 
     def forward(self, *args):
         a, rope, rows, kv = self._unpack(args)
-        logits, new_kv = self.decoder.prefill_chunk(a["hidden"], a.get("ple"), rope, rows, a["last"], a["slot"], kv)
-        return (logits, *new_kv)
+        out, new_kv = self.decoder.prefill_chunk(a["hidden"], a.get("ple"), rope, rows, a["last"], a["slot"], kv)
+        return (out, *new_kv)
 
 
 class DecodeGraph(_FlatGraph):
@@ -72,8 +78,37 @@ class DecodeGraph(_FlatGraph):
 
     def forward(self, *args):
         a, rope, rows, kv = self._unpack(args)
-        logits, new_kv = self.decoder.decode(a["hidden"], a.get("ple"), rope, rows, kv)
-        return (logits, *new_kv)
+        out, new_kv = self.decoder.decode(a["hidden"], a.get("ple"), rope, rows, kv)
+        return (out, *new_kv)
+
+
+class VerifyGraph(_FlatGraph):
+    graph = "verify"
+
+    def forward(self, *args):
+        a, rope, rows, kv = self._unpack(args)
+        out, new_kv = self.decoder.verify(a["hidden"], a.get("ple"), rope, rows, kv)
+        return (out, *new_kv)
+
+
+class DraftGraph(_FlatGraph):
+    """A drafter step: the decoder's shard only names the inputs and the KV the drafter reads. Its KV
+    outputs are its KV inputs, unchanged: on the device every graph of the model aliases the same
+    state (a graph that returned none would not share it)."""
+
+    graph = "draft"
+
+    def __init__(self, decoder: Gemma4Decoder, drafter: Gemma4Drafter):
+        super().__init__(decoder)
+        self.drafter = drafter
+
+    def forward(self, *args):
+        a, rope, rows, kv = self._unpack(args)
+        B = a["hidden"].shape[0]
+        zero = torch.zeros((), dtype=a["hidden"].dtype)
+        masks = {k: torch.where(r[:, 1] > 0, zero, r[:, 0]).view(B, 1, 1, -1) for k, r in rows.items()}  # (B, 1, 1, T)
+        logits, hidden = self.drafter.step(a["hidden"], rope, masks, self.decoder.leading(kv, rows))
+        return (torch.cat((logits, hidden), dim=-1), *kv)  # (B, V + E)
 
 
 class CopyGraph(nn.Module):

@@ -104,19 +104,7 @@ def shard_model(config, tp: int = 1, rank: int = 0) -> ModelShard:
             or config.per_layer_config[owner].head_dim != head_dim
         ):
             raise ShardingError(f"layer {i} and its KV owner {owner} disagree on KV heads or head_dim")
-        group = nq // nkv
-        q_heads, q_start = nq // tp, rank * (nq // tp)
-        if nkv % tp == 0:
-            rule, kv_heads, kv_start = SPLIT, nkv // tp, rank * (nkv // tp)
-            kv_use_start, kv_use = 0, kv_heads
-        else:
-            rule, kv_heads, kv_start = REPLICATED, nkv, 0
-            if group % q_heads:
-                raise ShardingError(
-                    f"layer {i}: {nkv} KV heads neither divide by tp={tp} nor keep each rank's "
-                    f"{q_heads} query heads inside one KV group of {group}"
-                )
-            kv_use_start, kv_use = q_start // group, 1
+        heads = _heads(f"layer {i}", nq, nkv, tp, rank)
         inter_total = config.intermediate_size * (2 if config.use_double_wide_mlp and modes[i] == "reuse" else 1)
         if inter_total % tp:
             raise ShardingError(f"layer {i}: MLP width {inter_total} cannot be split over tp={tp}")
@@ -127,14 +115,7 @@ def shard_model(config, tp: int = 1, rank: int = 0) -> ModelShard:
                 head_dim=head_dim,
                 q_heads_total=nq,
                 kv_heads_total=nkv,
-                q_heads=q_heads,
-                q_start=q_start,
-                kv_rule=rule,
-                kv_heads=kv_heads,
-                kv_start=kv_start,
-                kv_use_start=kv_use_start,
-                kv_use=kv_use,
-                groups=q_heads // kv_use,
+                **heads,
                 owns_cache=i < first_shared,
                 cache=cache_of_layer[i],
                 k_eq_v=bool(config.attention_k_eq_v) and kinds[i] == "full",
@@ -156,6 +137,113 @@ def shard_model(config, tp: int = 1, rank: int = 0) -> ModelShard:
         layers=tuple(layers),
         cache_layers=tuple(cache_layers),
         tied=bool(config.tie_word_embeddings),
+    )
+
+
+def _heads(what: str, nq: int, nkv: int, tp: int, rank: int) -> dict:
+    """The query and KV heads rank `rank` of `tp` holds and reads, for `nq` query heads over `nkv` KV heads."""
+    group = nq // nkv
+    q_heads, q_start = nq // tp, rank * (nq // tp)
+    if nkv % tp == 0:
+        rule, kv_heads, kv_start = SPLIT, nkv // tp, rank * (nkv // tp)
+        kv_use_start, kv_use = 0, kv_heads
+    else:
+        rule, kv_heads, kv_start = REPLICATED, nkv, 0
+        if group % q_heads:
+            raise ShardingError(
+                f"{what}: {nkv} KV heads neither divide by tp={tp} nor keep each rank's "
+                f"{q_heads} query heads inside one KV group of {group}"
+            )
+        kv_use_start, kv_use = q_start // group, 1
+    return dict(
+        q_heads=q_heads,
+        q_start=q_start,
+        kv_rule=rule,
+        kv_heads=kv_heads,
+        kv_start=kv_start,
+        kv_use_start=kv_use_start,
+        kv_use=kv_use,
+        groups=q_heads // kv_use,
+    )
+
+
+@dataclass(frozen=True)
+class DrafterShard:
+    """A Gemma-4 assistant (drafter) as rank `rank` holds it: `model`'s layers are all kv-shared, each
+    reading the target's KV buffer of the last non-shared target layer of its attention type (its
+    `cache` is that buffer's ordinal among the target's); it maps a target hidden state of width
+    `backbone` (with the target's word embedding beside it) to logits and the next such state."""
+
+    model: ModelShard
+    backbone: int
+    ordered: bool  # the centroid-masked head of ordered embeddings
+    centroids: int
+    top_k: int  # centroids kept per step
+    tied: bool
+
+
+def shard_drafter(config, target: ModelShard) -> DrafterShard:
+    """The shard of drafter `config` (a Gemma4AssistantConfig) that goes with the target's shard
+    `target` (the same rank of the same tp)."""
+    text, tp, rank = config.text_config, target.tp, target.rank
+    if config.backbone_hidden_size != target.hidden:
+        raise ShardingError(
+            f"the drafter was trained for a target of width {config.backbone_hidden_size}, this one is {target.hidden}"
+        )
+    if text.vocab_size != target.vocab:
+        raise ShardingError(f"the drafter's vocabulary ({text.vocab_size}) is not the target's ({target.vocab})")
+    # The store layer of each kind: the last target layer of that kind that owns a cache.
+    store = {target.layers[i].kind: target.layers[i] for i in target.cache_layers}
+    nq = text.num_attention_heads
+    if nq % tp:
+        raise ShardingError(f"the drafter's {nq} query heads cannot be split over tp={tp}")
+    layers = []
+    for i, kind in enumerate(_kinds(text)):
+        lc, owner = text.per_layer_config[i], store.get(kind)
+        if owner is None or (lc.head_dim, lc.num_key_value_heads) != (owner.head_dim, owner.kv_heads_total):
+            raise ShardingError(
+                f"drafter layer {i} ({kind}, {lc.num_key_value_heads} KV heads of {lc.head_dim}) has no target "
+                f"cache of its kind and shape to read"
+            )
+        if text.intermediate_size % tp:
+            raise ShardingError(f"drafter layer {i}: MLP width {text.intermediate_size} cannot be split over tp={tp}")
+        layers.append(
+            LayerShard(
+                index=i,
+                kind=kind,
+                head_dim=lc.head_dim,
+                q_heads_total=nq,
+                kv_heads_total=lc.num_key_value_heads,
+                **_heads(f"drafter layer {i}", nq, lc.num_key_value_heads, tp, rank),
+                owns_cache=False,
+                cache=owner.cache,
+                k_eq_v=False,
+                intermediate=text.intermediate_size // tp,
+                intermediate_start=rank * (text.intermediate_size // tp),
+                intermediate_total=text.intermediate_size,
+            )
+        )
+    model = ModelShard(
+        tp=tp,
+        rank=rank,
+        hidden=text.hidden_size,
+        vocab=text.vocab_size,
+        ple_dim=0,
+        ple_vocab=0,
+        eps=text.rms_norm_eps,
+        sliding_window=text.sliding_window,
+        first_shared=0,
+        layers=tuple(layers),
+        cache_layers=(),
+        tied=bool(config.tie_word_embeddings),
+    )
+    return DrafterShard(
+        model,
+        config.backbone_hidden_size,
+        bool(config.use_ordered_embeddings),
+        config.num_centroids,
+        config.centroid_intermediate_top_k,
+        bool(config.tie_word_embeddings),
     )
 
 

@@ -14,7 +14,7 @@ import torch
 
 from contract.errors import Gemma4Error
 from contract.files import read_parsed
-from gemma4_port.source.manifest import Manifest, RandomModel, is_hub_id
+from gemma4_port.source.manifest import Manifest, RandomDrafter, RandomModel, Speculative, is_hub_id
 from gemma4_port.source.toy_tokenizer import (
     EOS_ID,
     TEMPLATE_FILE,
@@ -28,6 +28,7 @@ from gemma4_port.source.toy_tokenizer import (
 MULTIMODAL_PREFIX = "model.language_model."
 TEXT_PREFIX = "model."
 TEXT_MODEL_TYPES = ("gemma4", "gemma4_unified", "gemma4_text", "gemma4_unified_text")
+DRAFTER_MODEL_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")
 # Part of a random checkpoint's cache key: bump it when the writer's output changes, so that a cache
 # made by an older writer (e.g. one with Gemma-3's chat tokens) is never reused.
 RANDOM_FORMAT = "3"  # 3: vision / audio towers and their processors when the manifest gives their configs
@@ -68,19 +69,54 @@ def resolve_checkpoint(manifest: Manifest, progress=None) -> Path:
                 "(the folder changed since the manifest was written: restore it, or update model.digest)"
             )
         return folder
+    return _local_or_download(src.source, src.revision)
+
+
+def resolve_drafter(manifest: Manifest, spec: Speculative, backbone: int) -> Path:
+    """The local folder holding the speculative drafter's checkpoint (a random one is written for a
+    target of width `backbone`, like a random target)."""
+    if spec.random is not None:
+        random = spec.random
+        return _random_folder(
+            f"{manifest.name}-drafter",
+            random.model_dump_json() + f"/{backbone}",
+            lambda tmp: write_random_drafter(random, backbone, tmp),
+        )
+    assert spec.drafter is not None  # Speculative.has_drafter, checked by the caller
+    return _local_or_download(spec.drafter, spec.revision)
+
+
+def _random_folder(name: str, spec_json: str, write) -> Path:
+    key = hashlib.sha256((RANDOM_FORMAT + spec_json).encode()).hexdigest()[:12]
+    folder = cache_root() / "random" / f"{name}-{key}"
+    if not folder.is_dir():
+        # Written aside and renamed: concurrent builds never see (or write) a half-made checkpoint.
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=folder.name + ".", dir=folder.parent))
+        write(tmp)
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process finished first; its bytes are the same
+            shutil.rmtree(tmp)
+    return folder
+
+
+def _local_or_download(source: str, revision: str | None) -> Path:
+    if Path(source).expanduser().is_dir():
+        return Path(source).expanduser()
     from huggingface_hub import snapshot_download
 
     try:
         return Path(
             snapshot_download(
-                src.source,
-                revision=src.revision,
+                source,
+                revision=revision,
                 allow_patterns=["*.json", "*.safetensors", "*.jinja", "tokenizer*"],
             )
         )
     except Exception as exc:  # noqa: BLE001 - the hub raises HTTP, OS and value errors alike: one line for all
         raise CheckpointError(
-            f"cannot download {src.source}@{src.revision or 'main'}: {exc} "
+            f"cannot download {source}@{revision or 'main'}: {exc} "
             "(gated models need `huggingface-cli login` or HF_TOKEN)"
         ) from None
 
@@ -108,7 +144,7 @@ def folder_digest(folder: Path) -> str:
     return "sha256:" + outer.hexdigest()
 
 
-def _randomise(model: torch.nn.Module, text: torch.nn.Module, spec: RandomModel) -> None:
+def _randomise(model: torch.nn.Module, text: torch.nn.Module, spec: RandomModel | RandomDrafter) -> None:
     """Weights that exercise what matters (layer_scalar far from 1, logits past the softcap) while
     staying as well-conditioned as a trained model, so that bf16 can be judged against float32.
     `text` is the text decoder inside `model`."""
@@ -298,6 +334,44 @@ def _tower_config(folder: Path, field: str, kind):
     if not raw:
         return None
     return kind(**{k: v for k, v in raw.items() if k not in ("model_type", "architectures", "transformers_version")})
+
+
+def write_random_drafter(spec: RandomDrafter, backbone: int, folder: Path) -> None:
+    """A folder laid out like a hub download of a Gemma-4 assistant (Gemma4AssistantForCausalLM) for a
+    target of width `backbone`, same bytes per seed; its centroid head's vocabulary order is a random
+    permutation."""
+    from safetensors.torch import save_file
+    from transformers import Gemma4AssistantConfig, Gemma4AssistantForCausalLM
+
+    config = Gemma4AssistantConfig(**spec.assistant_fields(backbone))
+    model = Gemma4AssistantForCausalLM(config)
+    _randomise(model, model.model, spec)
+    if model.masked_embedding is not None:
+        order = torch.randperm(config.text_config.vocab_size, generator=torch.Generator().manual_seed(spec.seed))
+        model.masked_embedding.token_ordering.copy_(order)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {k: v.contiguous().clone() for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    config.architectures = ["Gemma4AssistantForCausalLM"]
+    config.save_pretrained(folder)
+
+
+def read_drafter_config(folder: Path):
+    """A drafter checkpoint's Gemma4AssistantConfig (the 12B's unified assistant has the same fields)."""
+    from transformers import Gemma4AssistantConfig
+
+    raw = read_parsed(
+        folder / "config.json", json.loads, CheckpointError, missing=f"{folder}/config.json is missing", syntax="JSON"
+    )
+    if raw.get("model_type") not in DRAFTER_MODEL_TYPES:
+        raise CheckpointError(
+            f"{folder}/config.json: model_type {raw.get('model_type')!r} is not a Gemma-4 assistant "
+            f"{DRAFTER_MODEL_TYPES}"
+        )
+    fields = {k: v for k, v in raw.items() if k not in ("model_type", "architectures", "transformers_version")}
+    text = {k: v for k, v in fields.pop("text_config", {}).items() if k not in ("model_type", "architectures")}
+    text.setdefault("hidden_size_per_layer_input", 0)  # the unified text config has no PLE fields
+    return Gemma4AssistantConfig(**fields, text_config=text)
 
 
 def read_text_config(folder: Path):

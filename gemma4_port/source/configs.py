@@ -108,3 +108,28 @@ def text_config_for(manifest: Manifest, offline: bool = True):
     from gemma4_port.source.checkpoint import read_text_config, resolve_checkpoint
 
     return read_text_config(resolve_checkpoint(manifest))
+
+
+def drafter_config_for(manifest: Manifest):
+    """The Gemma4AssistantConfig of the manifest's speculative drafter, reading no weights (a hub
+    drafter's config.json alone is fetched); None without one."""
+    spec = manifest.speculative
+    if spec is None or not spec.has_drafter:
+        return None
+    from transformers import Gemma4AssistantConfig
+
+    if spec.random is not None:
+        return Gemma4AssistantConfig(**spec.random.assistant_fields(text_config_for(manifest).hidden_size))
+    from pathlib import Path
+
+    from gemma4_port.source.checkpoint import CheckpointError, read_drafter_config
+
+    folder = Path(spec.drafter).expanduser()
+    if not folder.is_dir():
+        from huggingface_hub import hf_hub_download
+
+        try:
+            folder = Path(hf_hub_download(spec.drafter, "config.json", revision=spec.revision)).parent
+        except Exception as exc:  # noqa: BLE001 - the hub raises HTTP, OS and value errors alike: one line for all
+            raise CheckpointError(f"cannot fetch the drafter's config.json from {spec.drafter}: {exc}") from None
+    return read_drafter_config(folder)

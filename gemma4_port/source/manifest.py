@@ -86,25 +86,26 @@ def is_hub_id(source: str) -> bool:
     return True
 
 
+def source_form(source: str | None) -> str | None:
+    if source is not None and not is_hub_id(source) and not re.match(LOCAL_PATH, source):
+        raise ValueError(f"{source!r} is not a hub repo id nor a local folder; allowed: {SOURCE_FORM}")
+    return source
+
+
+def revision_form(revision: str | None) -> str | None:
+    if revision is not None and not re.match(GIT_REF, revision):
+        raise ValueError(f"{revision!r} is not a git ref name; allowed: {REVISION_FORM}")
+    return revision
+
+
 class ModelSource(Frozen):
     source: str | None = Field(None, description=SOURCE_FORM)
     revision: str | None = Field(None, max_length=255, description=REVISION_FORM)
     digest: str | None = Field(None, pattern=DIGEST, description=DIGEST_FORM)
     random: RandomModel | None = None
 
-    @field_validator("source")
-    @classmethod
-    def _source_form(cls, source: str | None) -> str | None:
-        if source is not None and not is_hub_id(source) and not re.match(LOCAL_PATH, source):
-            raise ValueError(f"{source!r} is not a hub repo id nor a local folder; allowed: {SOURCE_FORM}")
-        return source
-
-    @field_validator("revision")
-    @classmethod
-    def _revision_form(cls, revision: str | None) -> str | None:
-        if revision is not None and not re.match(GIT_REF, revision):
-            raise ValueError(f"{revision!r} is not a git ref name; allowed: {REVISION_FORM}")
-        return revision
+    _source_form = field_validator("source")(source_form)
+    _revision_form = field_validator("revision")(revision_form)
 
     @model_validator(mode="after")
     def _exactly_one(self) -> ModelSource:
@@ -113,6 +114,71 @@ class ModelSource(Frozen):
         if self.digest is not None and (self.source is None or not re.match(LOCAL_PATH, self.source)):
             raise ValueError("`digest` pins a local checkpoint folder; a hub model is pinned by `revision`")
         return self
+
+
+class RandomDrafter(Frozen):
+    """A random Gemma-4 assistant (drafter) written as a real checkpoint folder, for the tests: its
+    text config (every layer kv-shared; the target's KV heads and head dims) and its head."""
+
+    config: dict[str, Any]
+    seed: int = 0
+    init_std: float = Field(0.25, gt=0, description="std of its embedding (= its tied lm_head)")
+    use_ordered_embeddings: bool = False
+    num_centroids: int = Field(2048, ge=1)
+    centroid_intermediate_top_k: int = Field(32, ge=1)
+
+    @model_validator(mode="after")
+    def _an_assistant_config(self) -> RandomDrafter:
+        from transformers import Gemma4AssistantConfig
+
+        try:
+            Gemma4AssistantConfig(
+                **self.assistant_fields(backbone=self.config.get("hidden_size", 1))
+            ).validate_architecture()
+        except Exception as exc:  # noqa: BLE001 - transformers raises several types for bad fields
+            raise ValueError(f"not a valid Gemma4AssistantConfig: {' '.join(str(exc).split())}") from None
+        if self.use_ordered_embeddings and self.config.get("vocab_size", 0) % self.num_centroids:
+            raise ValueError(f"vocab_size must divide into num_centroids={self.num_centroids} groups")
+        return self
+
+    def assistant_fields(self, backbone: int) -> dict[str, Any]:
+        """Gemma4AssistantConfig's fields for a target of width `backbone`."""
+        return dict(
+            text_config=dict(self.config),  # every layer kv-shared: Gemma4AssistantConfig sets it so
+            backbone_hidden_size=backbone,
+            use_ordered_embeddings=self.use_ordered_embeddings,
+            num_centroids=self.num_centroids,
+            centroid_intermediate_top_k=self.centroid_intermediate_top_k,
+        )
+
+
+class Speculative(Frozen):
+    """Speculative decoding: the verify graphs (k + 1 tokens per slot) and, with a drafter (a Gemma-4
+    assistant: a hub id or folder at a revision, or a random one), its graphs in the same artifact."""
+
+    k: int = Field(ge=1, le=16, description="tokens drafted per round; a verify checks k + 1")
+    drafter: str | None = Field(None, description=SOURCE_FORM)
+    revision: str | None = Field(None, max_length=255, description=REVISION_FORM)
+    random: RandomDrafter | None = None
+    variants: tuple[str, ...] | None = Field(None, description="the variants built with it; default: all")
+
+    _source_form = field_validator("drafter")(source_form)
+    _revision_form = field_validator("revision")(revision_form)
+
+    @model_validator(mode="after")
+    def _one_drafter(self) -> Speculative:
+        if self.drafter is not None and self.random is not None:
+            raise ValueError("give at most one of `drafter` (repo id or folder) and `random`")
+        if self.revision is not None and self.drafter is None:
+            raise ValueError("`revision` pins a `drafter` repo: give the drafter")
+        return self
+
+    @property
+    def has_drafter(self) -> bool:
+        return self.drafter is not None or self.random is not None
+
+    def applies_to(self, variant: str) -> bool:
+        return self.variants is None or variant in self.variants
 
 
 BUILD = r"^\d+(\.\d+){%d}$"  # a full build number: a release prefix would admit several SDKs
@@ -269,6 +335,7 @@ class Manifest(Frozen):
     toolchain: Toolchain
     variants: tuple[Variant, ...] = Field(min_length=1)
     images: Images | None = None
+    speculative: Speculative | None = None
     path: Path | None = Field(None, exclude=True)
 
     @model_validator(mode="after")
@@ -285,7 +352,25 @@ class Manifest(Frozen):
                     raise ValueError(
                         f"variant {v.name!r} has an {kind} budget, but the random model has no `{tower}` config"
                     )
+        spec = self.speculative
+        if spec is not None:
+            unknown = sorted(set(spec.variants or ()) - set(names))
+            if unknown:
+                raise ValueError(f"speculative.variants {unknown} are not variants of this manifest: {names}")
+            for v in self.variants:
+                # A verify writes k + 1 positions of a slot at once, like a prefill chunk: the sliding
+                # ring holds the window plus the largest bucket, so no write overwrites a key still seen.
+                if self.speculative_for(v) and spec.k + 1 > v.buckets[-1]:
+                    raise ValueError(
+                        f"speculative.k={spec.k}: variant {v.name!r} verifies k + 1 = {spec.k + 1} tokens, more "
+                        f"than its largest bucket ({v.buckets[-1]}); use a smaller k or a larger bucket"
+                    )
         return self
+
+    def speculative_for(self, variant: Variant) -> Speculative | None:
+        """The manifest's speculative decoding if this variant is built with it."""
+        spec = self.speculative
+        return spec if spec is not None and spec.applies_to(variant.name) else None
 
     def variant(self, name: str | None) -> Variant:
         if name is None:

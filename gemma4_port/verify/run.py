@@ -22,6 +22,7 @@ from gemma4_port.console import console as build_console
 from gemma4_port.verify.agreement import Case, Row, compare
 from gemma4_port.verify.media_cases import MediaPrompts, by_kind
 from gemma4_port.verify.reference import load_reference, media_inputs, reference_greedy
+from gemma4_port.verify.speculative import speculative_rows
 from runtime.model.loader import load_artifact
 
 SHORT_STEPS = 8
@@ -274,6 +275,8 @@ def verify_artifact(
         forks = fork_cases(cases, geo)
         cases += forks
         results += [run_fork(model.runner, case) for case in forks]
+    spec_cases = [c for c in cases if not c.reused and not c.name.startswith(("slots:", "stages:", "fork:"))]
+    spec_rows = speculative_rows(model.runner, meta, reference, spec_cases) if geo.verify else []
     model.close()
     rows, ref_logits = [], []
     for case, (dev_tokens, dev_logits) in zip(cases, results):
@@ -281,6 +284,7 @@ def verify_artifact(
         rows.append(compare(case, dev_tokens, dev_logits, ref_tokens, logits, geo.softcap, geo.dtype))
         ref_logits.append(logits)
     noise = bf16_noise(rows, reference_bf16_error(reference, rows, ref_logits)) if geo.dtype == "bfloat16" else None
+    rows += spec_rows  # after the bf16 yardstick, which re-runs the plain greedy cases only
     console.print(
         _table(
             f"verify {folder} ({meta.name}/{meta.variant}, {geo.dtype}, tp={geo.tp}, batch={geo.batch})", rows, noise

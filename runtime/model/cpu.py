@@ -25,6 +25,7 @@ class CpuBackend:
         }
         self.graphs = {name: getattr(modules[rel], name) for name, rel in mine.items()}
         self.kv_shapes = geo.kv_shapes
+        self.verify_tokens = geo.verify
         self.dtype = DTYPES[geo.dtype]
         self.reset()
 
@@ -32,8 +33,8 @@ class CpuBackend:
         self.kv = [torch.zeros(s, dtype=self.dtype) for s in self.kv_shapes]
 
     def _run(self, graph: GraphKey, inputs) -> torch.Tensor:
-        logits, *self.kv = self.graphs[str(graph)](*inputs, *self.kv)
-        return logits
+        rows, *self.kv = self.graphs[str(graph)](*inputs, *self.kv)
+        return rows
 
     def prefill(self, bucket: int, keys: int, inputs) -> torch.Tensor:
         return self._run(GraphKey.prefill(bucket, keys), inputs)
@@ -47,6 +48,12 @@ class CpuBackend:
     def encode(self, graph: GraphKey, inputs) -> torch.Tensor:
         """An encoder graph (vision_<N>): no KV, its output only."""
         return self.graphs[str(graph)](*inputs)
+
+    def verify(self, keys: int, inputs) -> torch.Tensor:
+        return self._run(GraphKey.verify(self.verify_tokens, keys), inputs)
+
+    def draft(self, keys: int, inputs) -> torch.Tensor:
+        return self._run(GraphKey.draft(keys), inputs)  # its KV outputs are its inputs, unchanged
 
     def close(self) -> None:
         self.graphs.clear()

@@ -78,5 +78,6 @@ def load_artifact(folder: str | Path, check_sha256: bool = True) -> LoadedModel:
     tables = HostTables(folder, geo)
     vision = VisionInputs(geo, tables.vision_positions) if tables.vision_positions is not None else None
     audio = AudioInputs(geo) if geo.audio is not None else None
-    runner = ModelRunner(geo, HostInputs(geo, tables), make_backend(folder, meta), vision, audio)
+    host = HostInputs(geo, tables)
+    runner = ModelRunner(geo, host, make_backend(folder, meta), vision, audio, draft_order=tables.draft_order)
     return LoadedModel(folder, meta, tokenizer, runner)

@@ -22,7 +22,7 @@ import torch
 
 from contract.artifact import ArtifactError, ArtifactMeta
 from contract.graph_key import GraphKey, prefill_graphs
-from contract.layout import HOST_KV, KV_STATE, NXD_WEIGHTS, neuron_layout, rank_cores
+from contract.layout import HOST_KV, KV_STATE, NXD_WEIGHTS, geometry_layout, rank_cores
 from contract.versions import check_versions
 from runtime.model.neuron_sdk import check_driver, installed_versions, require
 
@@ -52,7 +52,8 @@ def join_kv(ranks: list[list[torch.Tensor]], ranges) -> list[torch.Tensor]:
 
 
 def logits_of(out) -> torch.Tensor:
-    """The bucket's outputs that no state aliases: the logits alone, maybe in a list or tuple."""
+    """The bucket's outputs that no state aliases: its rows (logits, then the hidden state) alone, maybe
+    in a list or tuple."""
     return out if isinstance(out, torch.Tensor) else out[0]
 
 
@@ -132,7 +133,7 @@ class NeuronBackend:
         check_driver(meta.manifest["toolchain"].get("neuron_driver"))
         torch.set_grad_enabled(False)
         folder, geo = Path(folder), meta.geometry
-        self.layout = neuron_layout(geo.tp, geo.prefill, geo.buckets, geo.key_buckets, geo.batch)
+        self.layout = geometry_layout(geo)
         self.cores = rank_cores(geo.tp)
         require("torch_neuronx", "torch-neuronx", meta.versions.get("torch-neuronx"))
         require("neuronx_distributed", "neuronx-distributed", meta.versions.get("neuronx-distributed"))
@@ -172,6 +173,12 @@ class NeuronBackend:
         # Neuron builds refuse media budgets (compile/neuron.py), so the loader gives the runner no
         # image inputs and no request gets here: a Neuron artifact has no encoder graph to run.
         raise ArtifactError(f"this Neuron artifact has no {graph} graph: its encoders are built for the CPU only")
+
+    def verify(self, keys: int, inputs) -> torch.Tensor:
+        return self._run(inputs)  # the verify key writes the slots' KV in place, as decode does
+
+    def draft(self, keys: int, inputs) -> torch.Tensor:
+        return self._run(inputs)  # the drafter reads the target's KV state where it is
 
     def reset(self) -> None:
         self.kv.zero()

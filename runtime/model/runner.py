@@ -1,6 +1,11 @@
 """The model as the engine sees it: prefill a prompt into a slot chunk by chunk (any length up to
-Geometry.max_prompt, from any position the slot already holds), decode one token for every busy slot. It owns
-the slots and their state; the backend owns the graphs and the KV buffers."""
+Geometry.max_prompt, from any position the slot already holds), decode one token for every busy slot, and
+for speculative decoding verify a run of tokens per slot in one target pass, keep the accepted part, and
+step the drafter. It owns the slots and their state; the backend owns the graphs and the KV buffers.
+
+Every graph returns rows of the logits then the last hidden state (Geometry.rows); the runner keeps each
+slot's latest hidden state (the target's after prefill, decode and accept, the drafter's after a draft
+step): a drafter step starts from it."""
 
 from __future__ import annotations
 
@@ -27,6 +32,8 @@ class Backend(Protocol):
     def decode(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
     def copy(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> None: ...  # a fork's KV copy: copy_<keys>
     def encode(self, graph: GraphKey, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...  # vision_/audio_<N>
+    def verify(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...  # verify_<N>_<keys>
+    def draft(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...  # draft_<keys>: no KV write
     def reset(self) -> None: ...
     def close(self) -> None: ...
 
@@ -67,13 +74,21 @@ class ModelRunner:
         backend: Backend,
         vision: VisionInputs | None = None,
         audio: AudioInputs | None = None,
+        draft_order: torch.Tensor | None = None,
     ):
+        """`draft_order`: for a drafter whose logits come in its centroid head's order, the index
+        that puts them back in token order (HostTables.draft_order)."""
         self.geo = geo
         self.host = host
         self.backend = backend
         self.vision, self.audio = vision, audio  # the encoders' host inputs, on a model with them
         self.slots = [Slot(i) for i in range(geo.batch)]
         self.encoders = ("image",) * (vision is not None) + ("audio",) * (audio is not None)
+        self.draft_order = draft_order
+
+    def _split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A graph's rows (..., V + H) -> logits (..., V) and last hidden states (..., H), as views."""
+        return rows[..., : self.geo.vocab], rows[..., self.geo.vocab :]
 
     def keys_for(self, position: int) -> int:
         """The smallest key bucket whose keys include `position` (below kv_max: checked by the caller)."""
@@ -139,13 +154,14 @@ class ModelRunner:
         ]
         whole = [(a, b) for a, b in s.blocks if first <= a and b <= end]
         inputs = self.host.prefill_inputs(ids, bucket, slot, start=first, keys=keys, soft=soft, blocks=whole)
-        logits = self.backend.prefill(bucket, keys, inputs)
+        rows = self.backend.prefill(bucket, keys, inputs)
         s.wrote(s.keys[first:end])
         s.chunk += 1
         if s.chunk < len(s.plan):
             return None
         s.state, s.keys, s.soft, s.blocks = SlotState.DECODING, [], [], []
-        return logits[0]
+        logits, s.hidden = self._split(rows[0])
+        return logits
 
     def prefill_prompt(
         self, slot: int, ids: list[int], reused: int = 0, media: Sequence[MediaInput] = ()
@@ -185,6 +201,7 @@ class ModelRunner:
             keys = self.keys_for(keep - 1)
             self.backend.copy(keys, self.host.copy_inputs(src, dst, keep, keys))
         d.forked(s.tokens[:keep], s.reach)
+        d.hidden = s.hidden if keep == held else None  # a drafter step needs the hidden state of position keep - 1
 
     def reusable(self, slot: int, ids: list[int], media: Sequence[MediaInput] = ()) -> int:
         """Leading positions of `ids` whose KV the slot holds and may keep (the reuse rule; an image
@@ -198,17 +215,103 @@ class ModelRunner:
         (converting a 262,144-wide bf16 row costs ~50 us, and greedy decoding never needs it)."""
         row: list[int | None] = [None] * self.geo.batch
         for slot, tok in tokens.items():
-            s = self.slots[slot]
-            if s.state is not SlotState.DECODING:
-                raise RuntimeError(f"slot {slot} has no prompt ({s.state.value})")
-            if s.position >= self.geo.kv_max:
-                raise ContextFull(f"slot {slot} reached kv_max={self.geo.kv_max}")
+            self._decoding(slot, 1)
             row[slot] = tok
         positions = [s.position for s in self.slots]
         keys = self.keys_for(max(self.slots[slot].position for slot in tokens))
-        logits = self.backend.decode(keys, self.host.decode_inputs(row, positions, keys=keys))
+        logits, hidden = self._split(self.backend.decode(keys, self.host.decode_inputs(row, positions, keys=keys)))
         for slot, tok in tokens.items():
             self.slots[slot].wrote([tok])
+            self.slots[slot].hidden = hidden[slot]
+        return {slot: logits[slot] for slot in tokens}
+
+    def _decoding(self, slot: int, n: int) -> Slot:
+        """A decoding slot with room for `n` more positions; refused by name otherwise."""
+        s = self.slots[slot]
+        if s.state is not SlotState.DECODING:
+            raise RuntimeError(f"slot {slot} has no prompt ({s.state.value})")
+        if s.position + n > self.geo.kv_max:
+            raise ContextFull(
+                f"slot {slot} reached kv_max={self.geo.kv_max}"
+                if s.position >= self.geo.kv_max
+                else f"slot {slot} holds {s.position} positions: {n} more exceed kv_max={self.geo.kv_max}"
+            )
+        s.verified = None  # any step past a verify settles it
+        return s
+
+    # -- speculative decoding ------------------------------------------------------------------
+
+    @property
+    def verify_max(self) -> int:
+        """The most tokens one verify takes per slot (the artifact's k + 1); 0 when it has no verify graphs."""
+        return self.geo.verify
+
+    @property
+    def draft_k(self) -> int | None:
+        """Draft steps per round the drafter was built for (the manifest's k); None without a drafter
+        (verify still works, for drafts from elsewhere such as prompt lookup)."""
+        return self.geo.drafter.k if self.geo.drafter else None
+
+    def verify(self, tokens: dict[int, list[int]]) -> dict[int, torch.Tensor]:
+        """One target pass over up to `verify_max` tokens per slot, each slot's at its own position
+        (its next token, then the drafted ones): their KV is written and the slot's length advances
+        by their number. Returns per slot the raw logits rows (len, V) at the graph dtype, row i the
+        target's prediction after token i, as decode returns its row. `accept` then keeps a prefix;
+        without it every token stays."""
+        row: list[list[int] | None] = [None] * self.geo.batch
+        for slot, run in tokens.items():
+            if not 0 < len(run) <= self.geo.verify:
+                raise ValueError(f"a verify takes 1 to {self.geo.verify} tokens per slot, not {len(run)}")
+            self._decoding(slot, len(run))
+            row[slot] = list(run)
+        positions = [s.position for s in self.slots]
+        keys = self.keys_for(max(self.slots[slot].position + len(run) - 1 for slot, run in tokens.items()))
+        rows = self.backend.verify(keys, self.host.verify_inputs(row, positions, keys=keys))
+        logits, hidden = self._split(rows.view(self.geo.batch, self.geo.verify, -1))  # (B, N, V), (B, N, H)
+        out = {}
+        for slot, run in tokens.items():
+            s = self.slots[slot]
+            s.verified = (s.position, hidden[slot, : len(run)])
+            s.wrote(run)
+            s.hidden = hidden[slot, len(run) - 1]
+            out[slot] = logits[slot, : len(run)]
+        return out
+
+    def accept(self, slot: int, n: int) -> None:
+        """Keep only the first `n` (1 ..) of the tokens the slot's last verify fed: its length
+        becomes the verify's start + n, and the drafter's next step starts from the hidden state of
+        row n - 1. The KV written past it is never read (every mask row ends at its own position)."""
+        s = self.slots[slot]
+        if s.verified is None:
+            raise RuntimeError(f"slot {slot} has no verify to accept from (or stepped on since)")
+        start, hidden = s.verified
+        if not 0 < n <= len(hidden):
+            raise ValueError(f"slot {slot}'s last verify fed {len(hidden)} tokens: keep 1 to {len(hidden)}, not {n}")
+        s.tokens, s.position, s.hidden = s.tokens[: start + n], start + n, hidden[n - 1]
+        s.verified = None
+
+    def draft(self, tokens: dict[int, int]) -> dict[int, torch.Tensor]:
+        """One drafter step per slot: `tokens[slot]` (the latest, not yet in the target's cache: the
+        target's next token, then each drafted one) with the slot's stored hidden state, at the slot's
+        position, attending to the target's KV before it. Returns per slot the drafter's raw logits
+        (V,) in token order (no softcap: the drafter has none) and stores its hidden state for the
+        next step. Writes no KV and moves no position."""
+        if self.geo.drafter is None:
+            raise RuntimeError("this artifact has no drafter (its manifest's `speculative` names none)")
+        row: list[int | None] = [None] * self.geo.batch
+        hidden = torch.zeros(self.geo.batch, self.geo.hidden, dtype=self.host.dtype)
+        for slot, tok in tokens.items():
+            s = self._decoding(slot, 1)
+            if s.hidden is None:
+                raise RuntimeError(f"slot {slot} has no hidden state to draft from")
+            row[slot], hidden[slot] = tok, s.hidden
+        positions = [s.position for s in self.slots]
+        keys = self.keys_for(max(self.slots[slot].position - 1 for slot in tokens))
+        logits, out = self._split(self.backend.draft(keys, self.host.draft_inputs(row, hidden, positions, keys=keys)))
+        if self.draft_order is not None:
+            logits = logits.index_select(-1, self.draft_order)
+        for slot in tokens:
+            self.slots[slot].hidden = out[slot]
         return {slot: logits[slot] for slot in tokens}
 
     def free(self, slot: int) -> None:

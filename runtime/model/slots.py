@@ -45,6 +45,8 @@ class Slot:
     plan: list[tuple[int, int, int]] = field(default_factory=list)  # while prefilling: (start, length, bucket)
     chunk: int = 0  # while prefilling: the index of the next chunk in `plan`
     released: float = 0.0  # when it last became free: a request with no prefix to reuse takes the oldest
+    hidden: Any = None  # the last hidden state (H,) a drafter step starts from: the target's, or the drafter's
+    verified: Any = None  # after a verify, until the next step: (its start position, its hidden rows (n, H))
 
     @property
     def free(self) -> bool:
@@ -60,6 +62,7 @@ class Slot:
         self.soft, self.blocks = list(soft), list(blocks)
         self.tokens, self.position = self.tokens[:reused], reused
         self.reach = self.reach if reused else 0
+        self.hidden = self.verified = None
 
     def forked(self, tokens: list[int], reach: int) -> None:
         """Its KV is now a copy of rows that hold `tokens` and were written up to `reach`: decode on."""
@@ -78,4 +81,5 @@ class Slot:
         self.state = SlotState.RETAINED if self.tokens else SlotState.FREE
         self.request, self.prompt, self.plan, self.chunk = None, [], [], 0
         self.keys, self.soft, self.blocks = [], [], []
+        self.hidden = self.verified = None
         self.released = time.monotonic()

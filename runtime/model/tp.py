@@ -20,15 +20,15 @@ from runtime.model.ranks import CALL_TIMEOUT_S, RankGroup
 
 
 class _Rank(CpuBackend):
-    """One rank's own graphs and KV. Only rank 0 sends logits back: every rank has the same ones."""
+    """One rank's own graphs and KV. Only rank 0 sends its rows back: every rank has the same ones."""
 
     def __init__(self, rank: int, tp: int, folder: Path, meta: ArtifactMeta):
         super().__init__(folder, meta, prefix=f"rank{rank}/")
         self.rank = rank
 
     def _run(self, graph: GraphKey, inputs):
-        logits = super()._run(graph, inputs)
-        return logits if self.rank == 0 else None
+        rows = super()._run(graph, inputs)
+        return rows if self.rank == 0 else None
 
     def encode(self, graph: GraphKey, inputs):
         """The encoders are replicated, not split: rank 0 holds and runs them (compile traces them there)."""
@@ -52,6 +52,12 @@ class CpuTensorParallelBackend:
 
     def encode(self, graph: GraphKey, inputs) -> torch.Tensor:
         return self.group.call("encode", graph, inputs)[0]
+
+    def verify(self, keys: int, inputs) -> torch.Tensor:
+        return self.group.call("verify", keys, inputs)[0]
+
+    def draft(self, keys: int, inputs) -> torch.Tensor:
+        return self.group.call("draft", keys, inputs)[0]
 
     def reset(self) -> None:
         self.group.call("reset")

@@ -86,6 +86,6 @@ def eager_runner(name: str, variant: str) -> tuple[ModelRunner, Build]:
         b.geo,
         HostInputs(b.geo, b.tables),
         EagerBackend(b, decoder, drafter),
-        None if order is None else order.argsort(),
+        draft_order=None if order is None else order.argsort(),
     )
     return runner, b

@@ -58,6 +58,21 @@ class Metrics:
         self.fork_tokens = Counter(
             "gemma4_fork_tokens_saved", "prompt tokens those choices did not prefill", registry=r
         )
+        self.spec_steps = Counter(
+            "gemma4_spec_verify_steps",
+            "speculative steps of one stream: a drafted continuation checked in one model pass",
+            ["method"],
+            registry=r,
+        )
+        self.spec_proposed = Counter(
+            "gemma4_spec_proposed_tokens", "drafted tokens the model checked", ["method"], registry=r
+        )
+        self.spec_accepted = Counter(
+            "gemma4_spec_accepted_tokens",
+            "drafted tokens the model kept (each one a model pass saved)",
+            ["method"],
+            registry=r,
+        )
         self._prefix = {"hit": 0, "miss": 0}
 
     def watch(self, queue_depth: Callable[[], float], busy_slots: Callable[[], float]) -> None:
@@ -77,6 +92,12 @@ class Metrics:
         """A choice started from a copy of another choice's KV of its `prompt_tokens`-token prompt."""
         self.forks.inc()
         self.fork_tokens.inc(prompt_tokens)
+
+    def speculated(self, method: str, proposed: int, accepted: int) -> None:
+        """One stream's speculative step: `proposed` drafted tokens checked, `accepted` of them kept."""
+        self.spec_steps.labels(method).inc()
+        self.spec_proposed.labels(method).inc(proposed)
+        self.spec_accepted.labels(method).inc(accepted)
 
     def exposition(self) -> bytes:
         return generate_latest(self.registry)

@@ -13,7 +13,16 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, DirectoryPath, Field, ValidationError
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    DirectoryPath,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
 
 from contract.errors import Gemma4Error
 
@@ -135,6 +144,26 @@ class MediaLimits(_Limits):
         return f"{what}; the limit is {getattr(self, field)} ({env_names()['media.' + field]})"
 
 
+class SpeculativeSettings(_Limits):
+    """Speculative decoding: each step drafts up to k tokens per stream and the model checks them in one
+    pass (runtime.generate.drafts, runtime.generate.acceptance); the output is distributed as without it,
+    greedy token for token. `auto`: the artifact's drafter if it has one, else prompt lookup (drafts
+    copied from the prompt and output so far: no weights, nothing drafted where nothing repeats)."""
+
+    method: Literal["auto", "drafter", "lookup", "off"] = "auto"
+    k: int | None = Field(default=None, ge=1, le=16)  # drafted tokens per step; default: the drafter's k, or 4
+    lookup_min: int = Field(default=2, ge=1, le=16)  # prompt lookup matches the last n tokens, n from max down
+    lookup_max: int = Field(default=4, ge=1, le=16, validate_default=True)
+
+    @field_validator("lookup_max")
+    @classmethod
+    def _at_least_min(cls, value: int, info: ValidationInfo) -> int:
+        low = info.data.get("lookup_min", 1)
+        if value < low:
+            raise ValueError(f"must be at least GEMMA4_SPEC_LOOKUP_MIN ({low})")
+        return value
+
+
 class ServerSettings(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -151,6 +180,7 @@ class ServerSettings(BaseModel):
     grammar_limits: GrammarLimits = GrammarLimits()
     requests: RequestLimits = RequestLimits()
     media: MediaLimits = MediaLimits()
+    speculative: SpeculativeSettings = SpeculativeSettings()
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] = os.environ) -> ServerSettings:
@@ -184,6 +214,7 @@ def env_names() -> dict[str, str]:
         ("grammar_limits", GrammarLimits, "GEMMA4_GRAMMAR_"),
         ("requests", RequestLimits, "GEMMA4_"),
         ("media", MediaLimits, "GEMMA4_MEDIA_"),
+        ("speculative", SpeculativeSettings, "GEMMA4_SPEC_"),
     )
     for group, model, prefix in groups:
         for field in model.model_fields:

@@ -110,7 +110,7 @@ SAMPLED = [
 )
 def test_the_first_token_is_distributed_as_the_target(params, drafter):
     """One drafted token against one target row: a point mass (prompt lookup proposes the target's
-    second most likely token) or a draw from another model's distribution."""
+    second most likely token) or a draw from another model's distribution (the rejection rule)."""
     gen = torch.Generator().manual_seed(7)
     controls = Controls(logit_bias=((2, 1.5),), presence_penalty=0.5)
     rows = rows_after([3, 4], (5,))
@@ -164,15 +164,23 @@ def test_the_first_three_tokens_are_jointly_distributed_as_the_target_under_pena
     assert stat < bound, (stat, bound)
 
 
-def test_a_point_mass_draft_is_kept_with_the_targets_probability_and_never_drawn_again():
+def test_a_point_mass_draft_is_checked_by_the_plain_draw_so_seeded_output_is_unchanged():
+    """A prompt-lookup draft: the position's token is the one a plain step draws with the same generator;
+    the draft is kept when they agree. A seeded generation is the same with and without speculation."""
+    for params in SAMPLED:
+        prompt = [3, 5, 4, 3]
+        want = generate_plain(chooser(), prompt, 30, params, torch.Generator().manual_seed(9))
+        got, kept = generate_speculative(chooser(), prompt, 30, 3, params, torch.Generator().manual_seed(9), "lookup")
+        assert got[: len(want)] == want and kept > 0
+
+
+def test_dense_q_rejection_keeps_when_q_equals_p_and_never_draws_what_p_excludes():
     p = np.array([0.0, 0.5, 0.25, 0.25, 0, 0, 0, 0])
     gen = torch.Generator().manual_seed(0)
-    got = np.bincount([accept_or_resample(p, 1, None, gen) for _ in range(4000)], minlength=V)
-    assert abs(got[1] / 4000 - 0.5) < 0.03 and got[0] == 0 and got[4:].sum() == 0
-    assert accept_or_resample(p, 3, p.copy(), gen) == 3  # q == p: always kept
-    certain = np.eye(V)[2]
-    assert all(accept_or_resample(certain, 2, None, gen) == 2 for _ in range(50))
-    assert all(accept_or_resample(certain, 5, None, gen) == 2 for _ in range(50))
+    assert all(accept_or_resample(p, 3, p.copy(), gen) == 3 for _ in range(50))  # q == p: always kept
+    q = np.full(V, 1 / V)
+    got = np.bincount([accept_or_resample(p, int(draw(q, gen)), q, gen) for _ in range(2000)], minlength=V)
+    assert got[0] == 0 and got[4:].sum() == 0
 
 
 def generate_plain(c: TokenChooser, prompt: list[int], n: int, params, gen) -> list[int]:

@@ -411,3 +411,14 @@ def test_the_model_has_no_fill_in_the_middle_tokens(engine):
     FIM tokens (CodeGemma's <|fim_prefix|>, <|fim_suffix|>, <|fim_middle|>) to build such a prompt from."""
     specials = {t.content for t in engine.tokenizer.added_tokens_decoder.values()}
     assert "<|tool_call>" in specials and not any("fim" in t.lower() for t in specials)
+
+
+def test_a_request_turns_speculation_off_with_disable_spec_decode(client, engine, monkeypatch):
+    seen, submit = [], engine.submit
+    monkeypatch.setattr(engine, "submit", lambda job, choices=1: (seen.append(job.speculate), submit(job, choices))[1])
+    for body in ({"disable_spec_decode": True}, {"disable_spec_decode": False}, {}):
+        resp = client.post(CHAT, json={"model": MODEL, "messages": HI, "max_tokens": 2} | body)
+        assert resp.status_code == 200, resp.get_data(as_text=True)
+    assert seen == [False, True, True]
+    bad = {"model": MODEL, "messages": HI, "max_tokens": 2, "disable_spec_decode": "sometimes"}
+    assert_error(client.post(CHAT, json=bad), 400, param="disable_spec_decode")

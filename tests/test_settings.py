@@ -24,6 +24,9 @@ def test_settings_from_the_environment(tmp_path):
         ("GEMMA4_PORT", "70000"),
         ("GEMMA4_BACKEND", "gpu"),
         ("GEMMA4_MAX_BODY_BYTES", "10"),
+        ("GEMMA4_SPEC_METHOD", "eagle"),
+        ("GEMMA4_SPEC_K", "0"),
+        ("GEMMA4_SPEC_LOOKUP_MAX", "1"),  # below the lookup's minimum n (2)
     ],
 )
 def test_a_bad_setting_is_one_error_naming_the_variable(tmp_path, var, value):
@@ -46,3 +49,11 @@ def test_media_limits_from_the_environment(tmp_path):
     assert (media.max_images, media.fetch_private_addresses, media.max_audio_seconds) == (3, True, 30.0)
     with pytest.raises(SettingsError, match="^GEMMA4_MEDIA_MAX_AUDIO_SECONDS='60'"):  # the feature extractor's 30 s
         ServerSettings.from_env(env | {"GEMMA4_MEDIA_MAX_AUDIO_SECONDS": "60"})
+
+
+def test_speculative_decoding_settings(tmp_path):
+    s = ServerSettings.from_env({"GEMMA4_ARTIFACT": str(tmp_path)}).speculative
+    assert (s.method, s.k, s.lookup_min, s.lookup_max) == ("auto", None, 2, 4)
+    env = {"GEMMA4_ARTIFACT": str(tmp_path), "GEMMA4_SPEC_METHOD": "lookup", "GEMMA4_SPEC_K": "6"}
+    s = ServerSettings.from_env(env | {"GEMMA4_SPEC_LOOKUP_MIN": "3", "GEMMA4_SPEC_LOOKUP_MAX": "3"}).speculative
+    assert (s.method, s.k, s.lookup_min, s.lookup_max) == ("lookup", 6, 3, 3)

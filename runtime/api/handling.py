@@ -238,6 +238,7 @@ def submit(
         skip_special_tokens=skip_special_tokens,
         prompt_logprobs=body.prompt_alternatives(),
         media=media,
+        speculate=not body.disable_spec_decode,
     )
     try:
         return eng.submit(job, runs)

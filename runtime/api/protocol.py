@@ -113,6 +113,9 @@ class GenerationRequest(LenientModel):
     stop_token_ids: list[Annotated[int, Field(ge=0)]] | None = None
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = Field(default=None, ge=0, le=20)  # vLLM's: the prompt's own logprobs
+    # This request decodes a token per step, without drafts (the name vLLM's proposal for it gives it;
+    # the output is the same either way, only its speed differs).
+    disable_spec_decode: bool = False
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     guided_json: dict | bool | None = None

@@ -10,9 +10,11 @@ compared with the distribution q the token was drafted from:
 - greedy: p is a point mass at the argmax; a drafted token is kept while it is that argmax, and the
   first position where it is not gives the target's own token;
 - sampling: d is kept with probability min(1, p(d) / q(d)); at the first rejection the token is drawn
-  from normalize(max(0, p - q)) instead (Leviathan et al., 2023; Chen et al., 2023). A prompt-lookup
-  draft is a point mass (q(d) = 1): d is kept with probability p(d), else the token is drawn from p
-  without d.
+  from normalize(max(0, p - q)) instead (Leviathan et al., 2023; Chen et al., 2023). For a draft that
+  is a point mass (prompt lookup, a greedy drafter: q(d) = 1) the rule keeps d with probability p(d)
+  and else draws from p without d, which is what drawing one token from p as a plain step would and
+  comparing it with d gives: so that is how it is done, and a seeded request draws the very tokens it
+  draws without speculation (one uniform per token, in the same order).
 
 Every drafted token kept, the last row gives one more token, the target's own. The chooser commits
 each token as it is decided (its matcher takes only kept tokens), so nothing needs undoing; a grammar
@@ -70,11 +72,11 @@ def judge(
             out.dead_end = True
             break
         drafted = draft.tokens[i] if i < len(draft.tokens) else None
-        if drafted is None or params.greedy:
+        if drafted is None or draft.q is None or params.greedy:  # the target's own token, or a point mass
             token = pick(row, allowed, params, cap, generator)
         else:
             p = probabilities(row, params, cap) if allowed is None else probabilities(allowed, params, None)
-            token = accept_or_resample(p, drafted, None if draft.q is None else draft.q[i], generator)
+            token = accept_or_resample(p, drafted, draft.q[i], generator)
         out.tokens.append(token)
         out.logprobs.append(chooser.logprob(row, token, cap))
         chooser.commit(token)
@@ -84,18 +86,13 @@ def judge(
     return out
 
 
-def accept_or_resample(p: np.ndarray, drafted: int, q: np.ndarray | None, generator: torch.Generator) -> int:
-    """`drafted` with probability min(1, p(d) / q(d)), else a token from normalize(max(0, p - q)); q
-    None is a point mass at `drafted`. p and q: dense rows (V,) that sum to 1."""
+def accept_or_resample(p: np.ndarray, drafted: int, q: np.ndarray, generator: torch.Generator) -> int:
+    """`drafted` with probability min(1, p(d) / q(d)), else a token from normalize(max(0, p - q)).
+    p and q: dense rows (V,) that sum to 1, q the distribution `drafted` was drawn from."""
     u = float(torch.rand((), generator=generator, dtype=torch.float64))
-    q_d = 1.0 if q is None else float(q[drafted])
-    if u * q_d < p[drafted]:
+    if u * q[drafted] < p[drafted]:
         return drafted
-    if q is None:
-        residual = p.copy()
-        residual[drafted] = 0.0
-    else:
-        residual = np.maximum(p - q, 0.0)
+    residual = np.maximum(p - q, 0.0)
     if not residual.sum() > 0:  # p <= q everywhere only by rounding (p == q is never rejected): p itself
         residual = p
     return draw(residual, generator)

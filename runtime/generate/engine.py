@@ -20,6 +20,7 @@ from runtime.generate.grammar import LazyGrammarCompiler
 from runtime.generate.output import OutputProcessor
 from runtime.generate.scheduler import Scheduler
 from runtime.generate.sequence import Job
+from runtime.generate.speculation import Speculator
 from runtime.metrics import Metrics
 from runtime.model.loader import LoadedModel, load_artifact
 from runtime.settings import ServerSettings
@@ -185,8 +186,11 @@ class Engine:
             self.metrics.slots.set(geo.batch)
             self._set(State.SELF_TEST, f"{len(model.meta.golden)} golden prompt(s)")
             model.self_test()
-            output = OutputProcessor(model, self.metrics)
-            scheduler = self._scheduler = Scheduler(self.settings, self.metrics, self._queue, model.runner, output)
+            speculator = Speculator(self.settings.speculative, model.runner)
+            output = OutputProcessor(model, self.metrics, lookup=speculator.method == "lookup")
+            scheduler = self._scheduler = Scheduler(
+                self.settings, self.metrics, self._queue, model.runner, output, speculator
+            )
         except Exception as exc:  # every failure to come up is reported by /ready, not raised
             log.exception("loading or self-test failed")
             self._set(State.FAILED, self._public(exc))

@@ -3,7 +3,8 @@
 Requests wait in a bounded queue; every free KV slot takes the next request, preferring the slot
 whose retained KV shares the longest prefix with its prompt. Each step runs at most
 `prefill_chunks_per_step` prompt chunks (0: whole prompts), then one decode step for every decoding
-slot, so a long prompt delays the running streams by a chunk at a time. A finished or abandoned
+slot, so a long prompt delays the running streams by a chunk at a time. With speculative decoding that
+step is a verify pass when a slot has a draft (runtime.generate.speculation). A finished or abandoned
 request frees its slot at once and leaves its KV there for a later prompt that shares it. The n
 choices of a request prefill the prompt once: the others fork a slot that holds it (a copy of its
 KV) and draw their first token from the same first logits.
@@ -28,6 +29,7 @@ import torch
 from runtime.generate.grammar import GrammarError
 from runtime.generate.output import OutputProcessor
 from runtime.generate.sequence import Failed, Finished, Job, Running
+from runtime.generate.speculation import Speculator
 from runtime.metrics import Metrics
 from runtime.model.media import keyed
 from runtime.model.prefix import choose_slot, forkable, spare_slot
@@ -70,12 +72,14 @@ class Scheduler:
         waiting: queue.Queue[list[Job]],
         runner: ModelRunner,
         output: OutputProcessor,
+        speculator: Speculator,
     ):
         self.settings = settings
         self.metrics = metrics
         self.geometry = runner.geo
         self.runner = runner
         self.output = output
+        self.speculator = speculator
         # A request's n choices are queued as one item (they count as one waiting request); they are
         # taken into slots as slots free up, ahead of the next request.
         self.waiting = waiting
@@ -227,11 +231,30 @@ class Scheduler:
                         self.output.accept(s.index, logits)
         if shared:  # the request's other choices fork now and decode in this step
             self.admit()
-        decoding = {s.index: s.request.last for s in runner.slots if s.state is SlotState.DECODING}
+        decoding = [s for s in runner.slots if s.state is SlotState.DECODING]
         if decoding:
-            for slot, row in self._device(runner.decode, decoding).items():
+            self._decode(decoding)
+
+    def _decode(self, decoding: list[Slot]) -> None:
+        """One step of every decoding slot: a decode step, or a verify step when a slot has a draft (the
+        others feed their one next token in it)."""
+        runner = self.runner
+        drafts = self.speculator.drafts(decoding, lambda live: self._alone(live.job), self._device)
+        feed = {s.index: s.request.last for s in decoding if s.state is SlotState.DECODING}  # failed ones left
+        if not feed:
+            return
+        if not drafts:
+            for slot, row in self._device(runner.decode, feed).items():
                 with self._alone(runner.slots[slot].request.job):
                     self.output.accept(slot, row)
+            return
+        runs = {slot: [last, *drafts[slot].tokens] if slot in drafts else [last] for slot, last in feed.items()}
+        for slot, rows in self._device(runner.verify, runs).items():
+            with self._alone(runner.slots[slot].request.job):
+                if slot in drafts:
+                    self.output.accept_verified(slot, rows, drafts[slot], self.speculator.method or "")
+                else:
+                    self.output.accept(slot, rows[0])
 
     @staticmethod
     def _share(job: Job, logits: torch.Tensor) -> bool:

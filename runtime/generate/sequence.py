@@ -21,6 +21,7 @@ from runtime.generate.detok import TextStream
 from runtime.generate.grammar import GrammarMatcher
 from runtime.generate.logits import Controls, TokenChooser
 from runtime.generate.logprobs import TokenLogprob
+from runtime.generate.lookup import Context
 from runtime.generate.sampling import SamplingParams
 from runtime.model.media import MediaInput
 
@@ -107,6 +108,7 @@ class Job:
     skip_special_tokens: bool = True
     prompt_logprobs: int | None = None  # alternatives per prompt token when the prompt's logprobs are asked for
     media: tuple[MediaInput, ...] = ()  # the prompt's images and clips, in order (never with prompt_logprobs)
+    speculate: bool = True  # may draft and verify several tokens per step (the server's method, if any)
     index: int = 0  # the choice this job produces; the n jobs of one request share one event queue
     shared: SharedPrompt | None = field(default=None, repr=False)  # n > 1: shared by the n jobs
     accepted: float = field(default_factory=time.perf_counter)
@@ -183,6 +185,7 @@ class Running:
     logprobs: list[TokenLogprob] = field(default_factory=list)  # not yet sent
     fed: int = 0  # prompt tokens in the KV (set from the job): below len(prompt) the prompt is teacher-forced
     prompt_logprobs: list[TokenLogprob] = field(default_factory=list)
+    context: Context | None = None  # prompt and output so far, when prompt lookup drafts for it
 
     def __post_init__(self):
         self.fed = len(self.job.prefill_tokens)

@@ -178,7 +178,7 @@ def test_seeded_sampling_with_prompt_lookup_draws_what_it_draws_without(lookup):
         same(a, b)
 
 
-def test_seeded_sampling_with_the_drafter_reproduces_within_the_budget(drafter):
+def test_the_drafter_in_seeded_sampling_and_in_forks(drafter):
     """The rejection rule draws its own uniforms: a seeded request repeats itself (speculating at the same
     steps), not the plain output."""
     hot = SamplingParams(temperature=1.0, top_k=50)
@@ -186,6 +186,9 @@ def test_seeded_sampling_with_the_drafter_reproduces_within_the_budget(drafter):
     first, again = (run(drafter, ids, 10, sampling=hot, seed=5) for _ in range(2))
     same(first, again)
     assert first[2].completion_tokens <= 10 and len(first[0]) == first[2].completion_tokens
+    want = run(drafter, ids, 8, speculate=False)  # forks draft from the hidden state the copy keeps
+    for choice in collect(submit(drafter, ids, 8, choices=2), 2):
+        same(choice, want)
 
 
 def test_the_method_follows_the_settings_and_the_artifact():

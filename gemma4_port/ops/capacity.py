@@ -94,6 +94,11 @@ class ModelSizes:
     replicated on every rank."""
 
     def __init__(self, config, vision=None, audio=None, speculative: Speculative | None = None, drafter_config=None):
+        """`speculative`: the manifest's speculative decoding (verify keys for the variants it names),
+        with `drafter_config` its drafter's Gemma4AssistantConfig, whose weights join each rank's."""
+        self.config = config
+        self.vision, self.audio = vision, audio
+        self.speculative, self.drafter_config = speculative, drafter_config
         # Memoised per instance (a method-level cache would keep every instance alive).
         self.shard = cache(partial(shard_model, config))
         self.weights = cache(self._weights)

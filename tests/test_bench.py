@@ -13,7 +13,7 @@ import torch
 from rich.console import Console
 
 import gemma4_port.bench as bench_module
-from gemma4_port.bench import Settings, in_child, run_bench, server_env
+from gemma4_port.bench import Settings, in_child, run_bench, server_env, speculative_server
 from gemma4_port.bench.report import print_report, write
 from gemma4_port.bench.server import imported_modules
 from gemma4_port.bench.speculative_report import (
@@ -225,7 +225,8 @@ def test_import_log_parser():
 
 # -- speculative decoding (build.py bench --speculative) ----------------------------------------------
 
-SPEC_QUICK = SpecSettings(k=2, chats=1, edits=1, chat_tokens=8, edit_tokens=8, manifests=("gemma-4-e2b",))
+# Without our server (its own test below reuses the tiny spec artifact the session compiles anyway).
+SPEC_QUICK = SpecSettings(k=2, chats=1, edits=1, chat_tokens=8, edit_tokens=8, manifests=("gemma-4-e2b",), serve=False)
 
 
 @pytest.fixture(scope="module")
@@ -281,3 +282,19 @@ def test_the_prediction_covers_every_variant_asked_for_at_the_measured_acceptanc
                     assert gain == pytest.approx(at.gain)
     # The tiny models' steps are Python overhead: no roofline is predicted for them.
     assert predictions(result["measured"], SPEC_QUICK.k, ("tiny-e2b", "tiny-chat", "small-e2b")) == []
+
+
+@pytest.mark.slow
+def test_our_server_measured_with_and_without_speculation(compiled, tmp_path):
+    """Both servers of the tiny spec artifact (drafter, lookup), each side counted from /metrics: the
+    plain side proposes nothing, the speculative side's counts hold together, greedy gives as many tokens."""
+    artifact = compiled("tiny-e2b", "spec")
+    bodies = [{"messages": [{"role": "user", "content": "Hello world!"}], "max_tokens": 6}]
+    served = speculative_server.measure(artifact, {"chat": bodies, "code edit": bodies}, tmp_path, rounds=1)
+    assert set(served) == {"chat, drafter", "code edit, lookup"}
+    for sides in served.values():
+        without, with_ = sides["without"], sides["with"]
+        assert without["proposed"] == 0 and without["tokens_per_target_step"] == 1.0
+        assert 0 <= with_["accepted"] <= with_["proposed"] and with_["new_tokens"] == without["new_tokens"] == 6
+        assert with_["tokens_per_target_step"] == 6 / (6 - with_["accepted"])
+    assert served["chat, drafter"]["with"]["proposed"] > 0  # the drafter drafts every step

@@ -89,8 +89,16 @@ def _until_eos(tokens: list[int], eos: set[int]) -> list[int]:
 @dataclass(frozen=True)
 class Workload:
     name: str
-    prompts: tuple[tuple[int, ...], ...]
+    conversations: tuple[tiny_corpus.Conversation, ...]
+    prompts: tuple[tuple[int, ...], ...]  # each conversation's prompt, tokenized as the server does
     max_new_tokens: int
+
+    def bodies(self) -> list[dict]:
+        """The same prompts as OpenAI chat requests, for the server."""
+        return [
+            {"messages": c.prompt(), "max_tokens": self.max_new_tokens} | ({"tools": list(c.tools)} if c.tools else {})
+            for c in self.conversations
+        ]
 
 
 def workloads(tok, spec: TinyChatSpec, chats: int, edits: int, new_tokens: tuple[int, int]) -> tuple[Workload, ...]:
@@ -99,12 +107,11 @@ def workloads(tok, spec: TinyChatSpec, chats: int, edits: int, new_tokens: tuple
     chat = tiny_corpus.held_out(spec.held_out_seed, chats, training, tok)
     edit = tiny_corpus.edits(spec.held_out_seed, edits, tiny_corpus.HELD_OUT_STDLIB)
 
-    def ids(convs):
-        return tuple(
-            tuple(tok(tiny_corpus.render_prompt(tok, c), add_special_tokens=False)["input_ids"]) for c in convs
-        )
+    def work(name, convs, n):
+        ids = (tuple(tok(tiny_corpus.render_prompt(tok, c), add_special_tokens=False)["input_ids"]) for c in convs)
+        return Workload(name, tuple(convs), tuple(ids), n)
 
-    return Workload("chat", ids(chat), new_tokens[0]), Workload("code edit", ids(edit), new_tokens[1])
+    return work("chat", chat, new_tokens[0]), work("code edit", edit, new_tokens[1])
 
 
 def measure_method(target, work: Workload, eos: set[int], greedy: list[list[int]] | None, **speculation) -> dict:
@@ -146,19 +153,15 @@ def load_pair(folder: Path, k: int):
     return target, drafter
 
 
-def measure(
-    folder: Path, k: int, chats: int, edits: int, new_tokens: tuple[int, int], spec: TinyChatSpec | None = None
-) -> dict:
-    """Every workload with the target alone, with the drafter and with prompt lookup, each drafting k;
-    at most `new_tokens` (chat, code edit) per prompt."""
+def measure(folder: Path, k: int, works: tuple[Workload, ...]) -> dict:
+    """Every workload with the target alone, with the drafter and with prompt lookup, each drafting k."""
     from contract.tokenizer import load_tokenizer
 
-    spec = spec or TinyChatSpec()
     target, drafter = load_pair(folder, k)
     tok = load_tokenizer(folder / "target")
     eos = set(target.generation_config.eos_token_id or [])
     out: dict = {"k": k, "workloads": {}}
-    for work in workloads(tok, spec, chats, edits, new_tokens):
+    for work in works:
         plain = measure_method(target, work, eos, None)
         rows = {"target alone": plain}
         rows["drafter"] = measure_method(target, work, eos, plain["outputs"], assistant_model=drafter)

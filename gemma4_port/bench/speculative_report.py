@@ -11,6 +11,7 @@ import datetime
 import json
 import os
 import platform
+import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,14 +19,16 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from gemma4_port.bench import speculative
+from contract.tokenizer import load_tokenizer
+from gemma4_port.bench import speculative, speculative_server
 from gemma4_port.ops.capacity import ModelSizes
 from gemma4_port.ops.speculative_gain import ASSUMED_DRAFTER, speculation
 from gemma4_port.source.configs import text_config_for
-from gemma4_port.source.manifest import is_hub_id, load_manifest, shipped_manifests
-from gemma4_port.source.train_tiny import SHIPPED
+from gemma4_port.source.manifest import find_manifest, is_hub_id, load_manifest, shipped_manifests
+from gemma4_port.source.train_tiny import SHIPPED, TinyChatSpec
 
 METHODS = ("target alone", "drafter", "prompt lookup")
+SERVED_VARIANT = "spec"  # tiny-chat's variant built with the drafter and verify graphs
 # Workload whose acceptance stands for each way of drafting in the prediction.
 PREDICTED = {"drafter": "chat", "prompt lookup": "code edit"}
 # Acceptances the prediction is also given at: a tiny model's drafts say little of a real drafter's.
@@ -40,6 +43,8 @@ class SpecSettings:
     chat_tokens: int = 48  # at most, per chat prompt (an answer ends sooner, at <turn|>)
     edit_tokens: int = 160  # at most, per code edit (the whole function again)
     manifests: tuple[str, ...] | None = None  # the shipped manifests to predict for; default: every hub model's
+    serve: bool = True  # also measure our own server on the tiny-chat artifact (compiles it: a minute or two)
+    server_rounds: int = 2  # alternating rounds with and without speculation, per server
 
 
 def predictions(measured: dict, k: int, names: tuple[str, ...] | None = None) -> list[dict]:
@@ -80,13 +85,29 @@ def predictions(measured: dict, k: int, names: tuple[str, ...] | None = None) ->
     return rows
 
 
-def run(folder: Path, settings: SpecSettings, console: Console) -> dict:
+def served(works: tuple[speculative.Workload, ...], settings: SpecSettings, work: Path, console: Console) -> dict:
+    """Our server on the tiny-chat artifact with its drafter and verify graphs (compiled here, cpu)."""
+    from gemma4_port.compile.backends import compile_artifact
+
+    manifest = load_manifest(find_manifest("tiny-chat"))
+    variant = manifest.variant(SERVED_VARIANT)
+    console.log(f"speculative: compiling tiny-chat/{variant.name} (drafter and verify graphs) into {work}")
+    artifact = compile_artifact(manifest, variant, work / "tiny-chat-spec", backend="cpu")
+    console.log(f"speculative: two servers of it (drafter, lookup), {settings.server_rounds} rounds with and without")
+    return speculative_server.measure(
+        artifact, {w.name: w.bodies() for w in works}, work / "logs", settings.server_rounds
+    )
+
+
+def run(folder: Path, settings: SpecSettings, console: Console, work: Path) -> dict:
     console.log(
         f"speculative: {folder}, k={settings.k}, {settings.chats} chat and {settings.edits} code-edit prompts, "
         "transformers greedy alone / with the drafter / with prompt lookup"
     )
+    tok = load_tokenizer(folder / "target")
     new_tokens = (settings.chat_tokens, settings.edit_tokens)
-    measured = speculative.measure(folder, settings.k, settings.chats, settings.edits, new_tokens)
+    works = speculative.workloads(tok, TinyChatSpec(), settings.chats, settings.edits, new_tokens)
+    measured = speculative.measure(folder, settings.k, works)
     return {
         "meta": {
             "pair": str(folder),
@@ -98,6 +119,7 @@ def run(folder: Path, settings: SpecSettings, console: Console) -> dict:
             "settings": asdict(settings),
         },
         "measured": measured,
+        "served": served(works, settings, work, console) if settings.serve else None,
         "predicted": predictions(measured, settings.k, settings.manifests),
         "assumptions": ASSUMED_DRAFTER,
     }
@@ -127,6 +149,8 @@ def print_report(result: dict, console: Console) -> None:
                 "-" if r["equals_greedy"] is None else ("yes" if r["equals_greedy"] else "NO"),
             )
     console.print(table)
+    if result["served"]:
+        served_table(result["served"], console)
     pred = Table(title="predicted per-stream gain on inf2 (decode roofline, batch 1) at the acceptance above")
     for col in ("manifest", "variant", "tp", "keys", "method", "accept", "tok/round", "tok/s", "with", "gain"):
         pred.add_column(col)
@@ -150,8 +174,27 @@ def print_report(result: dict, console: Console) -> None:
     console.print(f"Assumptions: {result['assumptions']}. The CPU timings are transformers' eager Python, not ours.")
 
 
+def served_table(served: dict, console: Console) -> None:
+    table = Table(title="tiny-chat on our server (cpu), with and without speculation (disable_spec_decode)")
+    for col in ("workload, method", "side", "tokens/target step", "acceptance", "tok/s", "chunk gap p50 ms"):
+        table.add_column(col)
+    for name, sides in served.items():
+        for label in ("without", "with"):
+            r = sides[label]
+            table.add_row(
+                name,
+                label,
+                _f(r["tokens_per_target_step"], ".2f"),
+                _f(r["acceptance"], ".2f"),
+                _f(r["tok_s"], ".1f"),
+                _f(r["chunk_gap_ms_p50"], ".1f"),
+            )
+    console.print(table)
+
+
 def speculative_main(folder: Path | None, json_out: Path | None, console: Console, settings: SpecSettings) -> int:
-    result = run(folder or SHIPPED, settings, console)
+    with tempfile.TemporaryDirectory(prefix="gemma4-bench-spec-") as tmp:
+        result = run(folder or SHIPPED, settings, console, Path(tmp))
     out = json_out or Path("artifacts/bench-speculative.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")

@@ -228,3 +228,26 @@ def test_a_broken_shared_toolchain_names_its_own_file(tmp_path):
     bad.write_text("- a list\n")
     with pytest.raises(ManifestError, match="expected a mapping at the top level, got list"):
         load_toolchain(bad)
+
+
+DIGEST = "sha256:" + "0" * 64
+
+
+@pytest.mark.parametrize(
+    "speculative, error",
+    [
+        ({"k": 3, "drafter": "../drafter", "digest": DIGEST}, None),
+        ({"k": 3, "drafter": "google/gemma-4-E2B-it-assistant", "digest": DIGEST}, "a local drafter folder"),
+        ({"k": 3, "digest": DIGEST}, "a local drafter folder"),
+        ({"k": 3, "drafter": "./drafter", "digest": "sha256:abc"}, "sha256:[0-9a-f]{64}"),
+    ],
+)
+def test_the_drafter_digest_pins_a_local_folder_only(tmp_path, speculative, error):
+    data = _base()
+    data["speculative"] = speculative
+    if error is None:
+        assert load_manifest(_write(tmp_path, data)).speculative.digest == DIGEST
+        return
+    with pytest.raises(ManifestError, match="speculative") as err:
+        load_manifest(_write(tmp_path, data))
+    assert error in str(err.value)

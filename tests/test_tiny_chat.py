@@ -9,9 +9,10 @@ import torch
 import yaml
 
 from gemma4_port.bench import speculative
+from gemma4_port.compile.pipeline import recorded_manifest, start_build
 from gemma4_port.source import tiny_corpus, train_drafter
-from gemma4_port.source.checkpoint import CheckpointError, folder_digest, resolve_checkpoint
-from gemma4_port.source.manifest import find_manifest, load_manifest
+from gemma4_port.source.checkpoint import CheckpointError, folder_digest, resolve_checkpoint, resolve_drafter
+from gemma4_port.source.manifest import Manifest, find_manifest, load_manifest
 from gemma4_port.source.train_tiny import SHIPPED, TinyChatSpec
 
 K = 3
@@ -47,6 +48,35 @@ def test_a_changed_checkpoint_file_is_refused(tmp_path):
     (folder / "generation_config.json").write_text("{}\n")
     with pytest.raises(CheckpointError, match="digest"):
         resolve_checkpoint(manifest)
+
+
+def test_the_spec_variant_pins_the_shipped_drafter_and_the_artifact_records_where_it_is():
+    manifest = load_manifest(find_manifest("tiny-chat"))
+    spec = manifest.speculative_for(manifest.variant("spec"))
+    assert spec is not None and spec.drafter == "../checkpoints/tiny-chat/drafter"  # from the manifest's folder
+    assert resolve_drafter(manifest, spec, 0) == (SHIPPED / "drafter").resolve()
+    assert folder_digest(SHIPPED / "drafter") == spec.digest
+    # artifact.json's manifest names the folder itself: verify reads it with no manifest path to start from
+    recorded = Manifest.model_validate(recorded_manifest(start_build(manifest, manifest.variant("spec"))))
+    assert recorded.path is None and recorded.speculative.drafter == str((SHIPPED / "drafter").resolve())
+    assert resolve_drafter(recorded, recorded.speculative, 0) == (SHIPPED / "drafter").resolve()
+
+
+def test_a_changed_drafter_file_is_refused(tmp_path):
+    shutil.copytree(SHIPPED / "drafter", tmp_path / "drafter")
+    data = yaml.safe_load(find_manifest("tiny-chat").read_text())
+    data["speculative"]["drafter"] = "./drafter"  # relative: taken from the manifest's folder, not the cwd
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    manifest = load_manifest(tmp_path / "m.yaml")
+    assert resolve_drafter(manifest, manifest.speculative, 0) == (tmp_path / "drafter").resolve()
+    (tmp_path / "drafter" / "generation_config.json").write_text("{}\n")
+    with pytest.raises(CheckpointError, match="speculative.digest"):
+        resolve_drafter(manifest, manifest.speculative, 0)
+    data["speculative"]["drafter"] = "./elsewhere"
+    (tmp_path / "m.yaml").write_text(yaml.safe_dump(data))
+    missing = load_manifest(tmp_path / "m.yaml")
+    with pytest.raises(CheckpointError, match="speculative.drafter './elsewhere': no such folder"):
+        resolve_drafter(missing, missing.speculative, 0)
 
 
 def _ids(tok, messages, tools=None):

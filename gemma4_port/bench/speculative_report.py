@@ -176,7 +176,7 @@ def print_report(result: dict, console: Console) -> None:
 
 def served_table(served: dict, console: Console) -> None:
     table = Table(title="tiny-chat on our server (cpu), with and without speculation (disable_spec_decode)")
-    for col in ("workload, method", "side", "tokens/target step", "acceptance", "tok/s", "chunk gap p50 ms"):
+    for col in ("workload, method", "side", "tokens/target step", "acceptance", "tok/s", "ITL ms", "chunk gap p50 ms"):
         table.add_column(col)
     for name, sides in served.items():
         for label in ("without", "with"):
@@ -187,6 +187,7 @@ def served_table(served: dict, console: Console) -> None:
                 _f(r["tokens_per_target_step"], ".2f"),
                 _f(r["acceptance"], ".2f"),
                 _f(r["tok_s"], ".1f"),
+                _f(r["itl_ms"], ".1f"),
                 _f(r["chunk_gap_ms_p50"], ".1f"),
             )
     console.print(table)

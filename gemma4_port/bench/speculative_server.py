@@ -63,6 +63,9 @@ def side(server: Server, bodies: list[dict], disable: bool) -> dict:
     proposed, accepted = (after[c] - before[c] for c in COUNTERS)
     tokens = sum(t for t, _ in runs)
     gaps = [b - a for _, s in runs for a, b in zip(s, s[1:], strict=False)]
+    # A verify pass may stream several tokens in one chunk: the inter-token latency is the time from
+    # a stream's first chunk to its last over the tokens that came after the first.
+    decode_s, after_first = sum(s[-1] - s[0] for _, s in runs if s), sum(max(t - 1, 0) for t, _ in runs)
     return {
         "new_tokens": tokens,
         "proposed": proposed,
@@ -70,6 +73,7 @@ def side(server: Server, bodies: list[dict], disable: bool) -> dict:
         "acceptance": ratio(accepted, proposed),
         "tokens_per_target_step": ratio(tokens, tokens - accepted),
         "tok_s": ratio(tokens, wall),
+        "itl_ms": ratio(decode_s * 1e3, after_first),
         "chunk_gap_ms": summary(gaps, 1e3),
     }
 
@@ -105,5 +109,6 @@ def _merge(rounds: list[dict]) -> dict:
         "acceptance": ratio(total["accepted"], total["proposed"]),
         "tokens_per_target_step": ratio(total["new_tokens"], total["new_tokens"] - total["accepted"]),
         "tok_s": sorted(r["tok_s"] for r in rounds)[len(rounds) // 2],
+        "itl_ms": sorted(r["itl_ms"] for r in rounds)[len(rounds) // 2],
         "chunk_gap_ms_p50": sorted(r["chunk_gap_ms"]["p50"] for r in rounds)[len(rounds) // 2],
     }

@@ -53,7 +53,7 @@ from gemma4_port.source.checkpoint import (
     resolve_checkpoint,
     resolve_drafter,
 )
-from gemma4_port.source.manifest import Manifest, Speculative, Variant
+from gemma4_port.source.manifest import Manifest, Speculative, Variant, is_hub_id
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from runtime.model.loader import SelfTestFailed, load_artifact
 from runtime.model.neuron_sdk import wheel_versions
@@ -190,6 +190,16 @@ def start_drafter(manifest: Manifest, spec: Speculative, config, shards: list[Mo
     return DrafterBuild(ckpt, drafter_config, reader, drafters)
 
 
+def recorded_manifest(b: Build) -> dict:
+    """The manifest as artifact.json keeps it: a local drafter named by the folder it resolved to (a
+    relative one is taken from the manifest's own folder, which the artifact does not record), so that
+    `verify` finds it where the build did."""
+    spec = b.manifest.speculative
+    if b.drafter is not None and spec is not None and spec.drafter is not None and not is_hub_id(spec.drafter):
+        spec = spec.model_copy(update={"drafter": str(b.drafter.ckpt)})
+    return b.manifest.model_copy(update={"speculative": spec}).model_dump(mode="json")
+
+
 def _prepare(dest: Path, ckpt: Path, geo: Geometry) -> Path:
     out = partial_folder(dest)
     (out / "graphs").mkdir()
@@ -282,7 +292,7 @@ def finish(b: Build, graphs: dict[str, str], backend: str, progress, extra_versi
         name=manifest.name,
         variant=variant.name,
         backend=backend,
-        manifest=manifest.model_dump(mode="json"),
+        manifest=recorded_manifest(b),
         versions=versions() | (extra_versions or {}),
         geometry=geo,
         graphs=graphs,

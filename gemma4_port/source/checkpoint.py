@@ -63,12 +63,7 @@ def resolve_checkpoint(manifest: Manifest, progress=None) -> Path:
         return folder
     folder = local_folder(manifest)
     if folder is not None:
-        if src.digest is not None and folder_digest(folder) != src.digest:
-            raise CheckpointError(
-                f"{folder}: its files' digest is {folder_digest(folder)}, but the manifest pins {src.digest} "
-                "(the folder changed since the manifest was written: restore it, or update model.digest)"
-            )
-        return folder
+        return _pinned(folder, src.digest, "model.digest")
     return _local_or_download(src.source, src.revision)
 
 
@@ -83,7 +78,20 @@ def resolve_drafter(manifest: Manifest, spec: Speculative, backbone: int) -> Pat
             lambda tmp: write_random_drafter(random, backbone, tmp),
         )
     assert spec.drafter is not None  # Speculative.has_drafter, checked by the caller
+    folder = _local_source(manifest, spec.drafter, "speculative.drafter")
+    if folder is not None:
+        return _pinned(folder, spec.digest, "speculative.digest")
     return _local_or_download(spec.drafter, spec.revision)
+
+
+def _pinned(folder: Path, digest: str | None, field: str) -> Path:
+    """`folder`, if its files are what the manifest's `field` pins (or nothing is pinned)."""
+    if digest is not None and (found := folder_digest(folder)) != digest:
+        raise CheckpointError(
+            f"{folder}: its files' digest is {found}, but the manifest pins {digest} "
+            f"(the folder changed since the manifest was written: restore it, or update {field})"
+        )
+    return folder
 
 
 def _random_folder(name: str, spec_json: str, write) -> Path:
@@ -124,19 +132,24 @@ def _local_or_download(source: str, revision: str | None) -> Path:
 def local_folder(manifest: Manifest) -> Path | None:
     """The manifest's local checkpoint folder, a relative one taken from the manifest's own folder
     (so that a shipped manifest finds the checkpoint shipped beside it); None for a hub id."""
-    source = manifest.model.source
+    return _local_source(manifest, manifest.model.source, "model.source")
+
+
+def _local_source(manifest: Manifest, source: str | None, field: str) -> Path | None:
+    """`source` as a local folder, a relative one taken from the manifest's own folder; None for a hub id."""
     if source is None or is_hub_id(source) and not Path(source).is_dir():
         return None
     folder = Path(source).expanduser()
     if not folder.is_absolute() and manifest.path is not None and (manifest.path.parent / folder).is_dir():
         folder = manifest.path.parent / folder
     if not folder.is_dir():
-        raise CheckpointError(f"{manifest.path or manifest.name}: model.source {source!r}: no such folder")
+        raise CheckpointError(f"{manifest.path or manifest.name}: {field} {source!r}: no such folder")
     return folder.resolve()
 
 
 def folder_digest(folder: Path) -> str:
-    """sha256 over the folder's files, by relative path and content: what `model.digest` pins."""
+    """sha256 over the folder's files, by relative path and content: what `model.digest` pins (and
+    `speculative.digest`, the drafter's)."""
     outer = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file()):
         outer.update(path.relative_to(folder).as_posix().encode() + b"\0")

@@ -159,6 +159,7 @@ class Speculative(Frozen):
     k: int = Field(ge=1, le=16, description="tokens drafted per round; a verify checks k + 1")
     drafter: str | None = Field(None, description=SOURCE_FORM)
     revision: str | None = Field(None, max_length=255, description=REVISION_FORM)
+    digest: str | None = Field(None, pattern=DIGEST, description=DIGEST_FORM)
     random: RandomDrafter | None = None
     variants: tuple[str, ...] | None = Field(None, description="the variants built with it; default: all")
 
@@ -171,6 +172,8 @@ class Speculative(Frozen):
             raise ValueError("give at most one of `drafter` (repo id or folder) and `random`")
         if self.revision is not None and self.drafter is None:
             raise ValueError("`revision` pins a `drafter` repo: give the drafter")
+        if self.digest is not None and (self.drafter is None or not re.match(LOCAL_PATH, self.drafter)):
+            raise ValueError("`digest` pins a local drafter folder; a hub drafter is pinned by `revision`")
         return self
 
     @property

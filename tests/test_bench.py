@@ -284,17 +284,22 @@ def test_the_prediction_covers_every_variant_asked_for_at_the_measured_acceptanc
     assert predictions(result["measured"], SPEC_QUICK.k, ("tiny-e2b", "tiny-chat", "small-e2b")) == []
 
 
-@pytest.mark.slow
-def test_our_server_measured_with_and_without_speculation(compiled, tmp_path):
-    """Both servers of the tiny spec artifact (drafter, lookup), each side counted from /metrics: the
-    plain side proposes nothing, the speculative side's counts hold together, greedy gives as many tokens."""
+def _served_sides_hold_together(sides: dict, tokens: int) -> None:
+    without, with_ = sides["without"], sides["with"]
+    assert without["proposed"] == 0 and without["tokens_per_target_step"] == 1.0
+    assert 0 <= with_["accepted"] <= with_["proposed"] and with_["new_tokens"] == without["new_tokens"] == tokens
+    assert with_["tokens_per_target_step"] == tokens / (tokens - with_["accepted"])
+    assert with_["itl_ms"] > 0 and without["itl_ms"] > 0
+
+
+SERVED_BODIES = [{"messages": [{"role": "user", "content": "Hello world!"}], "max_tokens": 6}]
+
+
+def test_our_server_measured_with_and_without_the_drafter(compiled, tmp_path):
+    """One server of the tiny spec artifact, each side counted from its /metrics: the plain side proposes
+    nothing, the drafter drafts every step and its counts hold together, greedy gives as many tokens."""
     artifact = compiled("tiny-e2b", "spec")
-    bodies = [{"messages": [{"role": "user", "content": "Hello world!"}], "max_tokens": 6}]
-    served = speculative_server.measure(artifact, {"chat": bodies, "code edit": bodies}, tmp_path, rounds=1)
-    assert set(served) == {"chat, drafter", "code edit, lookup"}
-    for sides in served.values():
-        without, with_ = sides["without"], sides["with"]
-        assert without["proposed"] == 0 and without["tokens_per_target_step"] == 1.0
-        assert 0 <= with_["accepted"] <= with_["proposed"] and with_["new_tokens"] == without["new_tokens"] == 6
-        assert with_["tokens_per_target_step"] == 6 / (6 - with_["accepted"])
-    assert served["chat, drafter"]["with"]["proposed"] > 0  # the drafter drafts every step
+    served = speculative_server.measure(artifact, {"chat": SERVED_BODIES}, tmp_path, 1, {"drafter": "chat"})
+    assert set(served) == {"chat, drafter"}
+    _served_sides_hold_together(served["chat, drafter"], 6)
+    assert served["chat, drafter"]["with"]["proposed"] > 0

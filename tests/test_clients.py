@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from gemma4_port.bench.server import ROOT, Server
+from gemma4_port.bench.server import Server
+from support import ROOT
 
 SCRIPTS = Path(__file__).parent / "support" / "clients"
 CLIENTS = {  # tool (scripts/clients.sh) -> its script

@@ -2,8 +2,9 @@
 outside: readiness, the gunicorn worker's RSS and peak RSS, and every module the server imported.
 
 CPython's own import log (PYTHONPROFILEIMPORTTIME, inherited by the forked worker) tells whether
-`transformers.modeling_utils`, where every transformers model class comes from, was ever imported:
-if it was not, no transformers model object can exist in the server."""
+`transformers.models.gemma4.modeling_gemma4`, where every Gemma-4 model class comes from, was ever
+imported: if it was not, no Gemma-4 model object can exist in the server. (Not transformers'
+`modeling_utils`: its image processors import that through `processing_utils`, model or not.)"""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import requests
 from gemma4_port import child_env
 from gemma4_port.bench.bench_error import BenchError
 
-MODEL_MODULE = "transformers.modeling_utils"
+MODEL_MODULE = "transformers.models.gemma4.modeling_gemma4"
 IMPORT_LOG_PREFIX = "import time:"
 ARMED_BY = "runtime.model.loader"  # seen in the log: the import log covers the code that loads the model
 

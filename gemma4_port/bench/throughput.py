@@ -99,7 +99,8 @@ def measure(folder: Path, new_tokens: int, repeats: int, warmup_calls: int) -> t
     loaded = load_artifact(folder)
     geo, runner = loaded.meta.geometry, loaded.runner
     model = load_reference(Path(loaded.meta.checkpoint)).to(DTYPES[geo.dtype])
-    model.set_attn_implementation("sdpa")  # transformers' default, faster than the reference's eager
+    # transformers' default for the text model, faster than the reference's eager; its audio tower has no sdpa
+    model.set_attn_implementation({"text_config": "sdpa"})
     prompts = [loaded.tokenizer(p).input_ids[: runner.geo.max_prompt] for p in PROMPTS]
     n = min(new_tokens, geo.kv_max - max(map(len, prompts)))
     sides = {
@@ -125,7 +126,7 @@ def measure(folder: Path, new_tokens: int, repeats: int, warmup_calls: int) -> t
         "new_tokens": n,
         "repeats": repeats,
         "torch_threads": torch.get_num_threads(),
-        "transformers_attention": model.config._attn_implementation,
+        "transformers_attention": model.config.get_text_config()._attn_implementation,
         "ours": _side(runs["ours"]),
         "transformers": _side(runs["transformers"]),
         "same_tokens_runs": f"{same}/{len(runs['ours'])}",

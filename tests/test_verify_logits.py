@@ -69,10 +69,11 @@ def test_missed_scale_in_the_graph_fails(compiled, monkeypatch, tmp_path):
 def test_final_norm_in_bf16_fails_a_float32_artifact(compiled, monkeypatch, tmp_path):
     """A compiler's auto-cast of the final RMSNorm to bf16 in a float32 graph."""
 
-    def logits_bf16_norm(self, h_last):
-        return self.lm_head(self.norm(h_last.to(torch.bfloat16)).to(h_last.dtype))
+    def rows_bf16_norm(self, h):
+        normed = self.norm(h.to(torch.bfloat16)).to(h.dtype)
+        return torch.cat((self.lm_head(normed), normed), dim=-1)
 
-    folder = compiled_with(monkeypatch, tmp_path, "tiny-12b", "fp32", Gemma4Decoder, "logits", logits_bf16_norm)
+    folder = compiled_with(monkeypatch, tmp_path, "tiny-12b", "fp32", Gemma4Decoder, "rows", rows_bf16_norm)
     code, report = verify_json(folder, tmp_path)
     assert code == 1 and passed_before(report)
     assert all(row["verdict"] == "LOGITS" for row in passed_before(report))

@@ -140,8 +140,10 @@ def start_build(manifest: Manifest, variant: Variant, out: Path | None = None, p
     shards = [shard_model(config, variant.tp, r) for r in range(variant.tp)]
     vision, audio = read_vision_config(ckpt), read_audio_config(ckpt)
     raw = read_config(ckpt)
-    # The media placeholders the vocabulary holds (a text model's config may keep the real ids, past it).
-    ids = {kind: raw.get(f"{kind}_token_id") for kind in ("image", "audio", "video")}
+    # The media placeholders the vocabulary holds (a text model's config may keep the real ids, past it),
+    # only where the checkpoint has a media tower: a text-only Gemma-4 (Gemma4ForCausalLM, the reference
+    # then) looks those ids up as any other token, it does not read them as the pad token.
+    ids = {kind: raw.get(f"{kind}_token_id") for kind in ("image", "audio", "video")} if vision or audio else {}
     placeholders = {kind: i for kind, i in ids.items() if isinstance(i, int) and 0 <= i < config.vocab_size}
     spec = manifest.speculative_for(variant)
     drafter = start_drafter(manifest, spec, config, shards, progress) if spec and spec.has_drafter else None

@@ -215,52 +215,41 @@ class Toolchain(Frozen):
 SOFT_TOKEN_BUDGETS = (70, 140, 280, 560, 1120)
 
 
-class ImageBudget(Frozen):
-    """Soft tokens per image: the processor's budget, and the encoder graphs' buckets (an image runs
-    in the smallest that holds its soft tokens; each holds bucket x k^2 patches)."""
+class _SoftTokenBudget(Frozen):
+    """A media kind's soft tokens per item (`max_soft_tokens`, set by each kind) and the encoder graphs'
+    buckets: an item runs in the smallest bucket that holds its soft tokens."""
+
+    max_soft_tokens: int
+    buckets: tuple[int, ...] = Field(
+        (), description="soft-token buckets of the encoder graphs, increasing; default (max_soft_tokens,)"
+    )
+
+    @model_validator(mode="after")
+    def _buckets_end_at_budget(self):
+        b = list(self.buckets) or [self.max_soft_tokens]
+        if b != sorted(set(b)) or b[0] < 1 or b[-1] != self.max_soft_tokens:
+            raise ValueError(
+                "buckets must be positive, strictly increasing and end at max_soft_tokens "
+                f"({self.max_soft_tokens}), got {b}"
+            )
+        return self
+
+    @property
+    def soft_buckets(self) -> tuple[int, ...]:
+        return self.buckets or (self.max_soft_tokens,)
+
+
+class ImageBudget(_SoftTokenBudget):
+    """Soft tokens per image: the processor's budget (each bucket holds bucket x k^2 patches)."""
 
     max_soft_tokens: Literal[70, 140, 280, 560, 1120] = Field(description="the image processor's max_soft_tokens")
-    buckets: tuple[int, ...] = Field(
-        (), description="soft-token buckets of the encoder graphs, increasing; default (max_soft_tokens,)"
-    )
-
-    @model_validator(mode="after")
-    def _buckets_end_at_budget(self) -> ImageBudget:
-        b = list(self.buckets) or [self.max_soft_tokens]
-        if b != sorted(set(b)) or b[0] < 1 or b[-1] != self.max_soft_tokens:
-            raise ValueError(
-                "buckets must be positive, strictly increasing and end at max_soft_tokens "
-                f"({self.max_soft_tokens}), got {b}"
-            )
-        return self
-
-    @property
-    def soft_buckets(self) -> tuple[int, ...]:
-        return self.buckets or (self.max_soft_tokens,)
 
 
-class AudioBudget(Frozen):
-    """Soft tokens per clip (one per 40 ms: four 10 ms mel frames), and the encoder graphs' buckets
-    (each a multiple of the tower's attention chunk, checked at compile)."""
+class AudioBudget(_SoftTokenBudget):
+    """Soft tokens per clip (one per 40 ms: four 10 ms mel frames); each bucket a multiple of the
+    tower's attention chunk, checked at compile."""
 
     max_soft_tokens: int = Field(ge=1, le=750, description="the longest clip in soft tokens (750: 30 s)")
-    buckets: tuple[int, ...] = Field(
-        (), description="soft-token buckets of the encoder graphs, increasing; default (max_soft_tokens,)"
-    )
-
-    @model_validator(mode="after")
-    def _buckets_end_at_budget(self) -> AudioBudget:
-        b = list(self.buckets) or [self.max_soft_tokens]
-        if b != sorted(set(b)) or b[0] < 1 or b[-1] != self.max_soft_tokens:
-            raise ValueError(
-                "buckets must be positive, strictly increasing and end at max_soft_tokens "
-                f"({self.max_soft_tokens}), got {b}"
-            )
-        return self
-
-    @property
-    def soft_buckets(self) -> tuple[int, ...]:
-        return self.buckets or (self.max_soft_tokens,)
 
 
 class Media(Frozen):

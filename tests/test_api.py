@@ -210,7 +210,7 @@ def test_what_cannot_fit_is_refused_before_tokenizing(client, monkeypatch, path,
 
 
 def test_the_character_bound_never_refuses_a_prompt_that_fits(client, engine):
-    from runtime.api.handling import chars_per_token
+    from runtime.api.rendering import chars_per_token
 
     longest = max(engine.tokenizer.get_vocab(), key=len)
     assert len(longest) == chars_per_token(engine.tokenizer)
@@ -390,9 +390,9 @@ def test_n_choices_take_turns_on_a_single_slot(client):
 
 
 def test_a_forced_grammar_compiles_and_refuses_a_second_constraint(engine):
+    from runtime.api.chat_protocol import ChatCompletionRequest
     from runtime.api.handling import compile_grammar
     from runtime.api.openai_errors import APIError
-    from runtime.api.protocol import ChatCompletionRequest
     from runtime.generate.grammar import Grammar, GrammarMatcher
 
     forced = ("tool_choice", Grammar.lark('start: "call:" /[a-z]+/'))

@@ -3,7 +3,7 @@
 The engine's events carry each choice's text, its logprobs and its token count. A chat choice's text
 goes through its own reply parser (reasoning, content, tool calls: runtime.api.reply_parser and runtime.api.chat);
 this module shapes the result as OpenAI's chat and text completions do, with vLLM's extensions
-(`continuous_usage_stats`)."""
+(`continuous_usage_stats`); the logprobs inside a choice are logprob_bodies.py's."""
 
 from __future__ import annotations
 
@@ -17,62 +17,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from runtime.api.chat_reply import Reply
+from runtime.api.logprob_bodies import TokenBytes, chat_logprobs, completion_logprobs, vllm_prompt_logprobs
 from runtime.api.openai_errors import APIError
 from runtime.api.reply_parser import ReplyParser
 from runtime.generate.logprobs import TokenLogprob
 from runtime.generate.sequence import Delta, Failed, Finished, Job
 
 log = logging.getLogger("gemma4.api")
-TokenBytes = Callable[[int], bytes]  # a token id's own bytes (a byte-level piece may be part of a character)
-
-
-def _token(tid: int, token_bytes: TokenBytes) -> tuple[str, list[int]]:
-    raw = token_bytes(tid)
-    return raw.decode("utf-8", errors="replace"), list(raw)
-
-
-def chat_logprobs(entries, token_bytes: TokenBytes) -> dict:
-    """OpenAI chat's `logprobs`: {"content": [{token, logprob, bytes, top_logprobs: [...]}]}."""
-    content = []
-    for e in entries:
-        text, raw = _token(e.token, token_bytes)
-        top = []
-        for tid, lp in e.top:
-            t, b = _token(tid, token_bytes)
-            top.append({"token": t, "logprob": lp, "bytes": b})
-        content.append({"token": text, "logprob": e.logprob, "bytes": raw, "top_logprobs": top})
-    return {"content": content}
-
-
-def completion_logprobs(entries, token_bytes: TokenBytes, offset: int) -> tuple[dict, int]:
-    """The legacy completions `logprobs` (tokens, token_logprobs, top_logprobs, text_offset) and the
-    text offset after these tokens."""
-    out: dict = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
-    for e in entries:
-        text = _token(e.token, token_bytes)[0]
-        out["tokens"].append(text)
-        out["token_logprobs"].append(e.logprob)
-        out["top_logprobs"].append(
-            None if e.logprob is None else {_token(tid, token_bytes)[0]: lp for tid, lp in e.top}
-        )
-        out["text_offset"].append(offset)
-        offset += len(text)
-    return out, offset
-
-
-def vllm_prompt_logprobs(entries, k: int, token_bytes: TokenBytes) -> list:
-    """vLLM's `prompt_logprobs`: None for the first token, then per token {id: {logprob, rank,
-    decoded_token}} for the prompt's token and the k likeliest (ids as JSON keys, the prompt's first)."""
-    out: list = []
-    for e in entries:
-        if e.logprob is None:
-            out.append(None)
-            continue
-        row = {str(e.token): {"logprob": e.logprob, "rank": e.rank, "decoded_token": _token(e.token, token_bytes)[0]}}
-        for rank, (tid, lp) in enumerate(e.top[:k], start=1):
-            row.setdefault(str(tid), {"logprob": lp, "rank": rank, "decoded_token": _token(tid, token_bytes)[0]})
-        out.append(row)
-    return out
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """The chat request's messages and tools as OpenAI defines them, strictly typed: messages of every
 role (a tool message names the call it answers, only an assistant's carries `tool_calls`, only a
 user's carries image and audio parts), content parts (`text`, `image_url`, `input_audio`), function
-tools with OpenAI's name rule, and `tool_choice`. chat.py renders them through the template."""
+tools with OpenAI's name rule, `tool_choice`, and the chat completions body that holds them
+(ChatCompletionRequest, on protocol.py's GenerationRequest). chat.py renders them through the template."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from pydantic import (
 )
 
 from runtime.api.media_prompt import MediaPart
+from runtime.api.openai_errors import APIError
+from runtime.api.protocol import GenerationRequest
 from runtime.api.tool_names import OPENAI_NAME
 from runtime.log_gate import shown
 
@@ -184,3 +187,34 @@ class Message(_Strict):
         """Its image and audio parts, in order, each named by its place in the request."""
         parts = self.content if isinstance(self.content, list) else []
         return [p.media(f"{where}.content.{j}") for j, p in enumerate(parts) if not isinstance(p, TextPart)]
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+
+    def parses_tools(self) -> bool:
+        return bool(self.tools) and self.tool_choice != "none"
+
+    def media_parts(self) -> list[MediaPart]:
+        """Its messages' image and audio parts, in the order the prompt holds them."""
+        parts = [part for i, m in enumerate(self.messages) for part in m.media(f"messages.{i}")]
+        if parts and self.prompt_logprobs is not None:
+            raise APIError(
+                400,
+                "prompt_logprobs: not available for a prompt with images or audio (their soft tokens prefill whole)",
+                param="prompt_logprobs",
+                code="unsupported_parameter",
+            )
+        return parts
+
+    def logprob_alternatives(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs", code="invalid_value")
+        return (self.top_logprobs or 0) if self.logprobs else None

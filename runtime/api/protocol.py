@@ -1,6 +1,8 @@
-"""The request bodies of the OpenAI and vLLM routes, as pydantic models (the role of vLLM's
-entrypoints/openai/protocol.py), and what each asks the engine for: sampling, host controls, the
-output constraint, token budgets.
+"""What the generating requests' bodies share, as pydantic models (the role of vLLM's
+entrypoints/openai/protocol.py): the field policy (LenientModel), and GenerationRequest, what every
+generating route asks the engine for: sampling, host controls, the output constraint, token budgets.
+Each route's own body is its protocol module's: chat_protocol.py (ChatCompletionRequest),
+completions_protocol.py (CompletionRequest and vLLM's tokenizer routes), responses_protocol.py.
 
 vLLM's field policy: a field this server knows is checked strictly (a bad value is a 400 naming it); a
 field it does not know is accepted and ignored (`ignored_fields` names them, to be logged once)."""
@@ -13,8 +15,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PlainValidator
 
-from runtime.api.chat_protocol import Message, Tool, ToolChoice
-from runtime.api.media_prompt import MediaPart
 from runtime.api.openai_errors import APIError
 from runtime.generate.grammar import Grammar
 from runtime.generate.logits import Controls
@@ -22,7 +22,7 @@ from runtime.generate.sampling import SamplingParams
 from runtime.log_gate import shown
 
 TOKEN_ID = re.compile(r"[0-9]{1,10}")  # a logit_bias key
-MAX_CHOICES = 128  # OpenAI's limit on n
+MAX_CHOICES = 128  # OpenAI's limit on n (and best_of)
 
 
 def _stops(value) -> tuple[str, ...]:
@@ -30,21 +30,6 @@ def _stops(value) -> tuple[str, ...]:
     if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
         raise ValueError("must be a non-empty string or a list of them")
     return tuple(stops)  # how many, and how long: the server's caps (runtime.api.caps)
-
-
-def _one_prompt(value) -> bool:
-    return isinstance(value, str) or (isinstance(value, list) and bool(value) and all(type(t) is int for t in value))
-
-
-def _prompts(value) -> tuple[str | list[int], ...]:
-    """OpenAI's `prompt`: a string, a list of token ids, or a list of either (a batch, answered in order)."""
-    if _one_prompt(value):
-        return (value,)
-    if isinstance(value, list) and value and all(_one_prompt(p) for p in value):
-        return tuple(value)
-    raise ValueError(
-        "must be a string, a non-empty list of token ids, or a non-empty list of them (a batch of prompts)"
-    )
 
 
 class LenientModel(BaseModel):
@@ -228,83 +213,3 @@ class GenerationRequest(LenientModel):
                 code="invalid_value",
             )
         return asked[0] if asked else None
-
-
-class ChatCompletionRequest(GenerationRequest):
-    messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
-    parallel_tool_calls: bool | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, ge=0, le=20)
-
-    def parses_tools(self) -> bool:
-        return bool(self.tools) and self.tool_choice != "none"
-
-    def media_parts(self) -> list[MediaPart]:
-        """Its messages' image and audio parts, in the order the prompt holds them."""
-        parts = [part for i, m in enumerate(self.messages) for part in m.media(f"messages.{i}")]
-        if parts and self.prompt_logprobs is not None:
-            raise APIError(
-                400,
-                "prompt_logprobs: not available for a prompt with images or audio (their soft tokens prefill whole)",
-                param="prompt_logprobs",
-                code="unsupported_parameter",
-            )
-        return parts
-
-    def logprob_alternatives(self) -> int | None:
-        if self.top_logprobs is not None and not self.logprobs:
-            raise APIError(400, "top_logprobs: needs logprobs: true", param="top_logprobs", code="invalid_value")
-        return (self.top_logprobs or 0) if self.logprobs else None
-
-
-class CompletionRequest(GenerationRequest):
-    prompt: Annotated[tuple[str | list[int], ...], PlainValidator(_prompts)]
-    suffix: str | None = None  # fill-in-the-middle: refused (the route says why)
-    max_tokens: int | None = Field(default=None, ge=0)  # 0: only the prompt's logprobs (checked in the route)
-    logprobs: int | None = Field(default=None, ge=0, le=5)
-    echo: bool = False
-    best_of: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
-
-    def runs(self) -> int:
-        if self.best_of is None:
-            return self.n
-        if self.best_of < self.n:
-            raise APIError(
-                400, f"best_of: {self.best_of} is less than n ({self.n})", param="best_of", code="invalid_value"
-            )
-        if self.stream and self.best_of > self.n:
-            raise APIError(
-                400,
-                "best_of: a stream cannot show the best choices before all have ended",
-                param="best_of",
-                code="invalid_value",
-            )
-        return self.best_of
-
-    def logprob_alternatives(self) -> int | None:
-        # best_of ranks the runs by their logprobs, asked for or not
-        return 0 if self.logprobs is None and self.runs() > self.n else self.logprobs
-
-    def prompt_alternatives(self) -> int | None:
-        asked = super().prompt_alternatives()
-        if not (self.echo and self.logprobs is not None):
-            return asked
-        return max(asked or 0, self.logprobs)  # echo shows the prompt's tokens with their logprobs
-
-
-class TokenizeRequest(LenientModel):
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[Message] | None = Field(default=None, min_length=1)
-    add_special_tokens: bool = True
-    add_generation_prompt: bool = True
-    return_token_strs: bool = False
-
-
-class DetokenizeRequest(LenientModel):
-    model: str | None = None
-    tokens: list[Annotated[int, Field(ge=0)]]

@@ -1,6 +1,7 @@
 """The OpenAI API: /v1/models, /v1/completions, /v1/chat/completions, /v1/responses, streamed (SSE)
-or not, and vLLM's /tokenize and /detokenize. Handlers only: the request bodies are runtime.api.protocol's, what
-every generating route does with one is runtime.api.handling's."""
+or not, and vLLM's /tokenize and /detokenize. Handlers only: the request bodies are the protocol modules'
+(protocol.py, chat_protocol.py, completions_protocol.py, responses_protocol.py), what every generating
+route does with one is runtime.api.handling's."""
 
 from __future__ import annotations
 
@@ -14,24 +15,22 @@ from runtime.api import responses
 from runtime.api.bodies import ResponseSpec
 from runtime.api.caps import check_costs, check_messages
 from runtime.api.chat import template_messages, tool_names
-from runtime.api.chat_protocol import ToolChoiceFunction
+from runtime.api.chat_protocol import ChatCompletionRequest, ToolChoiceFunction
+from runtime.api.completions_protocol import CompletionRequest, DetokenizeRequest, TokenizeRequest
 from runtime.api.handling import (
     check_model,
-    check_size,
     client_gone,
     event_stream,
     parse,
     ready_engine,
-    render_prompt,
     respond,
     start_chat,
     submit,
-    template_errors,
     token_bytes,
 )
 from runtime.api.media_request import expand_media, prepare_media
 from runtime.api.openai_errors import APIError
-from runtime.api.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from runtime.api.rendering import check_size, render_prompt, template_errors
 from runtime.api.responses_input import chat_request
 from runtime.api.responses_protocol import ResponsesRequest
 from runtime.api.state import server_state

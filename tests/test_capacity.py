@@ -240,7 +240,7 @@ def test_an_image_budget_counts_the_encoder_on_every_core_and_its_table_on_the_h
     working set (the budget's patches) against the decoder's, and its position table on the host."""
     from transformers import Gemma4VisionConfig
 
-    from gemma4_port.source.manifest import Media
+    from gemma4_port.source.variant import Media
 
     manifest, text = real["e2b"]
     sizes = ModelSizes(text.config, Gemma4VisionConfig())

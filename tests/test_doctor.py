@@ -19,7 +19,8 @@ from gemma4_port.ops.doctor.report import render, write
 from gemma4_port.ops.doctor.steps import copy_logs, run_cli
 from gemma4_port.ops.doctor.targets import REAL, TINY, DoctorError, Skip, Target, plan, select, target
 from gemma4_port.source.configs import text_config_for
-from gemma4_port.source.manifest import load_manifest, load_toolchain
+from gemma4_port.source.manifest import load_manifest
+from gemma4_port.source.toolchain import load_toolchain
 from support import MANIFESTS
 from support.sdk import ROOT, sdk_env
 

@@ -225,7 +225,8 @@ def sentinel_manifest():
     """A manifest whose every string that reaches a Dockerfile is one no template or default holds."""
     import yaml
 
-    from gemma4_port.source.manifest import TOOLCHAIN, parse_manifest
+    from gemma4_port.source.manifest import parse_manifest
+    from gemma4_port.source.toolchain import TOOLCHAIN
 
     data = yaml.safe_load((MANIFESTS / "gemma-4-e2b.yaml").read_text())
     data["name"] = "sentinel-name"

@@ -7,7 +7,9 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from gemma4_port.source.manifest import TOOLCHAIN, ManifestError, load_manifest, load_toolchain, shipped_manifests
+from gemma4_port.source.manifest import load_manifest, shipped_manifests
+from gemma4_port.source.manifest_yaml import ManifestError
+from gemma4_port.source.toolchain import TOOLCHAIN, load_toolchain
 from support import MANIFESTS, ROOT
 
 SHIPPED = shipped_manifests()

@@ -12,7 +12,9 @@ import yaml
 
 from contract.layout import NXD_MODEL, NXD_WEIGHTS
 from gemma4_port.bench.server import Server
-from gemma4_port.source.manifest import TOOLCHAIN, ManifestError, load_manifest, shipped_manifests
+from gemma4_port.source.manifest import load_manifest, shipped_manifests
+from gemma4_port.source.manifest_yaml import ManifestError
+from gemma4_port.source.toolchain import TOOLCHAIN
 from support import MANIFESTS
 from support.sdk import ROOT, STANDIN, run_cli, run_python, sdk_env
 

@@ -8,7 +8,8 @@ import torch
 
 from contract.graph_key import GraphKey
 from gemma4_port.source.checkpoint import resolve_drafter
-from gemma4_port.source.manifest import ManifestError, load_manifest, parse_manifest
+from gemma4_port.source.manifest import load_manifest, parse_manifest
+from gemma4_port.source.manifest_yaml import ManifestError
 from gemma4_port.verify.agreement import Case
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from gemma4_port.verify.speculative import draft_rows, load_reference_drafter, speculative_greedy

@@ -41,7 +41,8 @@ from gemma4_port.bench import (
 from gemma4_port.bench.bench_error import BenchError
 from gemma4_port.bench.server import Server
 from gemma4_port.console import console as build_console
-from gemma4_port.source.manifest import Manifest, Variant, load_manifest, parse_manifest
+from gemma4_port.source.manifest import Manifest, load_manifest, parse_manifest
+from gemma4_port.source.variant import Variant
 
 SCALE_MANIFEST = {"tiny": MANIFESTS / "tiny-e2b.yaml", "small": MANIFESTS / "small-e2b.yaml"}
 MB = 1 << 20

@@ -24,7 +24,8 @@ from gemma4_port.bench import speculative, speculative_server
 from gemma4_port.ops.capacity import ModelSizes
 from gemma4_port.ops.speculative_gain import ASSUMED_DRAFTER, speculation
 from gemma4_port.source.configs import text_config_for
-from gemma4_port.source.manifest import find_manifest, is_hub_id, load_manifest, shipped_manifests
+from gemma4_port.source.manifest import find_manifest, load_manifest, shipped_manifests
+from gemma4_port.source.model_sources import is_hub_id
 from gemma4_port.source.train_tiny import SHIPPED, TinyChatSpec
 
 METHODS = ("target alone", "drafter", "prompt lookup")

@@ -14,7 +14,8 @@ from gemma4_port.compile.neuron import NeuronGraphs
 from gemma4_port.compile.pipeline import Build, run_pipeline, step
 from gemma4_port.compile.tracing import audio_encoder, load_drafter, trace_cpu, vision_encoder
 from gemma4_port.port.decoder import Gemma4Decoder
-from gemma4_port.source.manifest import Manifest, Variant
+from gemma4_port.source.manifest import Manifest
+from gemma4_port.source.variant import Variant
 
 
 class CpuGraphs:

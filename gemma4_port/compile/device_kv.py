@@ -22,7 +22,7 @@ from gemma4_port.port.graphs import CopyGraph, DecodeGraph, DraftGraph, PrefillG
 from gemma4_port.port.kv import kv_shapes, ring_size
 from gemma4_port.port.sharding import ModelShard, shard_drafter, shard_model
 from gemma4_port.source.checkpoint import CheckpointReader
-from gemma4_port.source.manifest import Variant
+from gemma4_port.source.variant import Variant
 
 GRAPHS = {"prefill": PrefillGraph, "decode": DecodeGraph, "copy": CopyGraph, "verify": VerifyGraph}
 DECODER = "graph.decoder."  # where Gemma4Decoder's tensors sit inside a DeviceKV module

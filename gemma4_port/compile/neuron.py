@@ -52,7 +52,9 @@ from gemma4_port.port.graphs import CopyGraph, PrefillGraph
 from gemma4_port.port.lint import check_traced
 from gemma4_port.port.sharding import ModelShard, shard_drafter, shard_model
 from gemma4_port.source.checkpoint import cache_root
-from gemma4_port.source.manifest import Manifest, Toolchain, Variant
+from gemma4_port.source.manifest import Manifest
+from gemma4_port.source.toolchain import Toolchain
+from gemma4_port.source.variant import Variant
 from runtime.model.neuron_sdk import installed_versions, require
 
 

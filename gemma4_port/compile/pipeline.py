@@ -53,7 +53,9 @@ from gemma4_port.source.checkpoint import (
     resolve_checkpoint,
     resolve_drafter,
 )
-from gemma4_port.source.manifest import Manifest, Speculative, Variant, is_hub_id
+from gemma4_port.source.manifest import Manifest
+from gemma4_port.source.model_sources import Speculative, is_hub_id
+from gemma4_port.source.variant import Variant
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from runtime.model.loader import SelfTestFailed, load_artifact
 from runtime.model.neuron_sdk import wheel_versions

@@ -26,7 +26,8 @@ from gemma4_port.port.lint import check_traced
 from gemma4_port.port.sharding import DrafterShard, ModelShard
 from gemma4_port.port.vision import VisionEncoder
 from gemma4_port.source.checkpoint import CheckpointReader
-from gemma4_port.source.manifest import Speculative, Variant
+from gemma4_port.source.model_sources import Speculative
+from gemma4_port.source.variant import Variant
 
 GRAPH_KINDS = ("prefill", "decode", "copy", "verify", "draft")
 

@@ -39,7 +39,8 @@ from gemma4_port.images.spec import (
     ImageOptions,
     ImageSpec,
 )
-from gemma4_port.source.manifest import Manifest, is_hub_id
+from gemma4_port.source.manifest import Manifest
+from gemma4_port.source.model_sources import is_hub_id
 
 
 def image_tags(manifest: Manifest) -> dict[str, str]:

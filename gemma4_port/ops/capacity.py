@@ -42,7 +42,9 @@ from gemma4_port.port.layers import KEY_BLOCK
 from gemma4_port.port.sharding import ShardingError, shard_drafter, shard_model
 from gemma4_port.port.vision import VisionEncoder
 from gemma4_port.source.configs import audio_config_for, drafter_config_for, text_config_for, vision_config_for
-from gemma4_port.source.manifest import Manifest, Speculative, Variant
+from gemma4_port.source.manifest import Manifest
+from gemma4_port.source.model_sources import Speculative
+from gemma4_port.source.variant import Variant
 
 GIB = 2**30
 MIB = 2**20

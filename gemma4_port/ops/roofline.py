@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from contract.dtypes import DTYPES
 from gemma4_port.ops.capacity import ModelSizes
 from gemma4_port.port.kv import kv_shapes
-from gemma4_port.source.manifest import Variant
+from gemma4_port.source.variant import Variant
 
 GIB = 2**30
 CHIP_BYTES_PER_S = 820 * GIB

@@ -27,7 +27,7 @@ from contract.dtypes import DTYPES
 from gemma4_port.ops.capacity import ModelSizes
 from gemma4_port.ops.roofline import CORE_BYTES_PER_S, Roofline, roofline
 from gemma4_port.port.kv import kv_shapes
-from gemma4_port.source.manifest import Variant
+from gemma4_port.source.variant import Variant
 
 DRAFTER_LAYERS = 4
 CENTROIDS = 2048

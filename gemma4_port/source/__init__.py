@@ -1,2 +1,3 @@
-"""Where a model comes from: the manifest that names it, its checkpoint (downloaded, or random and written as a
-real folder), its config, and the toy tokenizer of the test models."""
+"""Where a model comes from: the manifest that names it (its model sources, variants and toolchain), its
+checkpoint (downloaded, or random and written as a real folder), its config, and the toy tokenizer of the test
+models."""

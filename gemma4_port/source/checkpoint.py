@@ -14,7 +14,8 @@ import torch
 
 from contract.errors import Gemma4Error
 from contract.files import read_parsed
-from gemma4_port.source.manifest import Manifest, RandomDrafter, RandomModel, Speculative, is_hub_id
+from gemma4_port.source.manifest import Manifest
+from gemma4_port.source.model_sources import RandomDrafter, RandomModel, Speculative, is_hub_id
 from gemma4_port.source.toy_tokenizer import (
     EOS_ID,
     TEMPLATE_FILE,

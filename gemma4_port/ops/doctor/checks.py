@@ -11,7 +11,7 @@ from contract.layout import NeuronPlacementError, visible_cores
 from contract.versions import NEURON_PIP_INDEX, SYSTEM_PACKAGES, driver_problem, matches_pin
 from gemma4_port.ops.doctor.facts import PINNED_WHEELS, Machine
 from gemma4_port.ops.doctor.monitor import device_bytes_in_use
-from gemma4_port.source.manifest import Toolchain
+from gemma4_port.source.toolchain import Toolchain
 
 GIB = 2**30
 

@@ -20,7 +20,7 @@ from gemma4_port.ops.doctor.facts import Machine, installed_distributions
 from gemma4_port.ops.doctor.run import run_target
 from gemma4_port.ops.doctor.targets import Skip, Target, plan, select, target
 from gemma4_port.source.checkpoint import cache_root
-from gemma4_port.source.manifest import load_toolchain
+from gemma4_port.source.toolchain import load_toolchain
 
 CONSTRAINTS = ROOT / "constraints" / "neuron.txt"
 FRAMEWORK = ("torch", "torch-xla", "libneuronxla")  # checked against the constraints, as warnings

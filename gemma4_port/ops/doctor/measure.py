@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import requests
 
 from gemma4_port.ops.roofline import roofline
-from gemma4_port.source.manifest import Variant
+from gemma4_port.source.variant import Variant
 
 PROMPT = "Write three sentences about the sea."
 

@@ -18,18 +18,23 @@ from gemma4_port.port.sharding import REPLICATED, SPLIT, shard_model
 from gemma4_port.source.checkpoint import CheckpointReader, read_text_config
 from runtime.model.loader import load_artifact
 from runtime.model.ranks import TensorParallelError
+from runtime.settings import ServerSettings
 from support.cli import verify
 from support.copies import check_copied, planted_kv
+from support.engines import ready
+from support.http import openai_client
 from support.processes import gone
 
-# One compile per tiny manifest; tiny-e4b is checked at bf16 with two batch slots.
-CASES = [("tiny-e2b", "tp2"), ("tiny-e4b", "tp2-bf16"), ("tiny-12b", "tp2")]
+# One compile per tiny manifest; tiny-e4b is checked at bf16 with two batch slots, tiny-e2b with its
+# random drafter and verify graphs (the speculative rows of `verify` run at tp 2 too).
+CASES = [("tiny-e2b", "spec-tp2"), ("tiny-e4b", "tp2-bf16"), ("tiny-12b", "tp2")]
 # The rule each tiny model's K/V must get, per attention kind (written out, not taken from the plan).
 KV_RULE = {
     "tiny-e2b": {"sliding": REPLICATED, "full": REPLICATED},  # nkv 1
     "tiny-e4b": {"sliding": SPLIT, "full": SPLIT},  # nkv 2
     "tiny-12b": {"sliding": SPLIT, "full": REPLICATED},
 }  # nkv 8, global nkv 1 with k_eq_v
+DRAFTER_LAYERS = 2  # tiny-e2b's random assistant: its q/o and MLP projections are parallel layers too
 HALVED = ("q_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SPLIT_DIM = {"q_proj": 0, "k_proj": 0, "v_proj": 0, "gate_proj": 0, "up_proj": 0, "o_proj": 1, "down_proj": 1}
 
@@ -47,6 +52,7 @@ def test_tp2_compiles_and_verifies_token_for_token(compiled, name, variant):
     meta = load_meta(folder)
     assert meta.geometry.tp == 2
     graphs = ("prefill_16_64", "prefill_32_64", "decode_64") + (("copy_64",) if meta.geometry.batch > 1 else ())
+    graphs += ("verify_4_64", "draft_64") if meta.geometry.drafter else ()
     assert set(meta.graphs) == {f"rank{r}/{g}" for r in (0, 1) for g in graphs}
     result = verify(folder)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -57,6 +63,9 @@ def test_tp2_compiles_and_verifies_token_for_token(compiled, name, variant):
     assert "random:1.5x-bucket" in result.stdout and "random:kv_max-8" in result.stdout
     assert "turns:reuse-prefix" in result.stdout
     assert result.stdout.count("slots:") == (meta.geometry.batch if meta.geometry.batch > 1 else 0)
+    if meta.geometry.drafter:  # proposals == Gemma4AssistantForCausalLM's; greedy with speculation == the target's
+        assert result.stdout.count("│ draft:") == result.stdout.count("│ verify:") == 3
+        assert result.stdout.count("│ speculative:") >= 8
 
 
 @pytest.mark.parametrize("name, variant", CASES)
@@ -110,7 +119,8 @@ def test_the_saved_rank_graphs_carry_the_all_reduce(compiled, name, variant):
     for key, rel in meta.graphs.items():
         graph = getattr(torch.jit.load(str(folder / rel)), key.partition("/")[2]).inlined_graph
         reduces = [n for n in graph.nodes() if n.kind() == "gemma4_tp::all_reduce"]
-        assert len(reduces) == (0 if "/copy_" in key else 2 * meta.geometry.num_layers), key
+        layers = DRAFTER_LAYERS if "/draft_" in key else meta.geometry.num_layers
+        assert len(reduces) == (0 if "/copy_" in key else 2 * layers), key
 
 
 def test_the_backend_resets_and_closes_cleanly(compiled):
@@ -177,3 +187,29 @@ def test_a_killed_rank_is_a_clear_error_not_a_hang(compiled):
         model.runner.decode({0: 7})
     assert time.monotonic() - start < 15
     assert gone(pids)
+
+
+def test_the_server_at_tp2_speculates_with_its_drafter_and_answers_plain_decodings_tokens(compiled):
+    """The engine over the two rank processes, through the openai client: each answer with the drafter
+    is the one without, token for token and logprob for logprob, and the drafter did draft."""
+    with ready(ServerSettings(artifact=compiled("tiny-e2b", "spec-tp2"), queue_max=4)) as engine:
+        assert engine._scheduler.speculator.method == "drafter"
+        oai, get = openai_client(engine), engine.metrics.registry.get_sample_value
+        for content in ("Capital of Italy?", "Write a haiku."):
+            before = get("gemma4_spec_proposed_tokens_total", {"method": "drafter"}) or 0.0
+            answers = [
+                oai.chat.completions.create(
+                    model="tiny-e2b",
+                    messages=[{"role": "user", "content": content}],
+                    max_tokens=12,
+                    temperature=0,
+                    logprobs=True,
+                    extra_body={"disable_spec_decode": off},
+                ).choices[0]
+                for off in (True, False)
+            ]
+            plain, drafted = ([(t.token, t.logprob) for t in a.logprobs.content] for a in answers)
+            assert [t for t, _ in drafted] == [t for t, _ in plain] and plain
+            assert [lp for _, lp in drafted] == pytest.approx([lp for _, lp in plain], abs=1e-4)
+            assert answers[0].message.content == answers[1].message.content
+            assert get("gemma4_spec_proposed_tokens_total", {"method": "drafter"}) > before

@@ -6,14 +6,9 @@ from safetensors import safe_open
 
 from contract.artifact import sha256
 from contract.tokenizer import load_tokenizer
-from gemma4_port.source.checkpoint import (
-    MULTIMODAL_PREFIX,
-    CheckpointError,
-    CheckpointReader,
-    read_text_config,
-    resolve_checkpoint,
-    write_random_checkpoint,
-)
+from gemma4_port.source.checkpoint import resolve_checkpoint
+from gemma4_port.source.checkpoint_files import MULTIMODAL_PREFIX, CheckpointError, CheckpointReader, read_text_config
+from gemma4_port.source.checkpoint_writer import write_random_checkpoint
 from gemma4_port.source.manifest import load_manifest
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from support import MANIFESTS

@@ -10,7 +10,7 @@ from gemma4_port.port.decoder import Gemma4Decoder, WeightError
 from gemma4_port.port.graphs import DecodeGraph, PrefillGraph
 from gemma4_port.port.kv import copy_slot
 from gemma4_port.port.lint import check_traced
-from gemma4_port.source.checkpoint import CheckpointError, CheckpointReader
+from gemma4_port.source.checkpoint_files import CheckpointError, CheckpointReader
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from runtime.model.prefix import reusable_prefix
 from runtime.model.runner import chunks

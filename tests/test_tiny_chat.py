@@ -11,7 +11,8 @@ import yaml
 from gemma4_port.bench import speculative
 from gemma4_port.compile.pipeline import recorded_manifest, start_build
 from gemma4_port.source import tiny_corpus, train_drafter
-from gemma4_port.source.checkpoint import CheckpointError, folder_digest, resolve_checkpoint, resolve_drafter
+from gemma4_port.source.checkpoint import folder_digest, resolve_checkpoint, resolve_drafter
+from gemma4_port.source.checkpoint_files import CheckpointError
 from gemma4_port.source.manifest import Manifest, find_manifest, load_manifest
 from gemma4_port.source.train_tiny import SHIPPED, TinyChatSpec
 

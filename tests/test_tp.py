@@ -15,7 +15,7 @@ from contract.dtypes import DTYPES
 from contract.hostside import HostInputs, HostTables
 from gemma4_port.port.kv import kv_shapes
 from gemma4_port.port.sharding import REPLICATED, SPLIT, shard_model
-from gemma4_port.source.checkpoint import CheckpointReader, read_text_config
+from gemma4_port.source.checkpoint_files import CheckpointReader, read_text_config
 from runtime.model.loader import load_artifact
 from runtime.model.ranks import TensorParallelError
 from runtime.settings import ServerSettings

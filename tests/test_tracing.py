@@ -10,7 +10,7 @@ from contract.dtypes import DTYPES
 from contract.graph_key import GraphKey
 from contract.hostside import HostInputs, HostTables
 from gemma4_port.compile.tracing import EXAMPLE_TOKEN, example_inputs, host_tables
-from gemma4_port.source.checkpoint import CheckpointReader
+from gemma4_port.source.checkpoint_files import CheckpointReader
 from support.builds import setup
 from support.copies import check_copied, planted_kv
 

@@ -20,7 +20,7 @@ from gemma4_port.compile.tracing import EXAMPLE_TOKEN, audio_encoder, host_table
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.drafter import Gemma4Drafter
 from gemma4_port.port.sharding import ModelShard
-from gemma4_port.source.checkpoint import CheckpointReader
+from gemma4_port.source.checkpoint_files import CheckpointReader
 from runtime.model.ranks import RankGroup, all_reduce
 
 

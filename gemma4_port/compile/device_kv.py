@@ -21,7 +21,7 @@ from gemma4_port.port.drafter import Gemma4Drafter, ordered_head
 from gemma4_port.port.graphs import CopyGraph, DecodeGraph, DraftGraph, PrefillGraph, VerifyGraph
 from gemma4_port.port.kv import kv_shapes, ring_size
 from gemma4_port.port.sharding import ModelShard, shard_drafter, shard_model
-from gemma4_port.source.checkpoint import CheckpointReader
+from gemma4_port.source.checkpoint_files import CheckpointReader
 from gemma4_port.source.variant import Variant
 
 GRAPHS = {"prefill": PrefillGraph, "decode": DecodeGraph, "copy": CopyGraph, "verify": VerifyGraph}

@@ -42,7 +42,8 @@ from gemma4_port.compile.tracing import (
     vision_geometry,
 )
 from gemma4_port.port.sharding import DrafterShard, ModelShard, ShardingError, shard_drafter, shard_model
-from gemma4_port.source.checkpoint import (
+from gemma4_port.source.checkpoint import resolve_checkpoint, resolve_drafter
+from gemma4_port.source.checkpoint_files import (
     AUDIO_PROCESSOR,
     CheckpointReader,
     read_audio_config,
@@ -50,8 +51,6 @@ from gemma4_port.source.checkpoint import (
     read_drafter_config,
     read_text_config,
     read_vision_config,
-    resolve_checkpoint,
-    resolve_drafter,
 )
 from gemma4_port.source.manifest import Manifest
 from gemma4_port.source.model_sources import Speculative, is_hub_id

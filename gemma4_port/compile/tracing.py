@@ -25,7 +25,7 @@ from gemma4_port.port.kv import kinds_present, kv_kinds, kv_shapes, ring_size
 from gemma4_port.port.lint import check_traced
 from gemma4_port.port.sharding import DrafterShard, ModelShard
 from gemma4_port.port.vision import VisionEncoder
-from gemma4_port.source.checkpoint import CheckpointReader
+from gemma4_port.source.checkpoint_files import CheckpointReader
 from gemma4_port.source.model_sources import Speculative
 from gemma4_port.source.variant import Variant
 

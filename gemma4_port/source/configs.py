@@ -76,7 +76,8 @@ def vision_config_for(manifest: Manifest, offline: bool = True):
         return Gemma4VisionConfig(**src.random.vision) if src.random.vision is not None else None
     if src.source in KNOWN_TEXT_CONFIGS and offline:
         return Gemma4VisionConfig()
-    from gemma4_port.source.checkpoint import read_vision_config, resolve_checkpoint
+    from gemma4_port.source.checkpoint import resolve_checkpoint
+    from gemma4_port.source.checkpoint_files import read_vision_config
 
     return read_vision_config(resolve_checkpoint(manifest))
 
@@ -91,7 +92,8 @@ def audio_config_for(manifest: Manifest, offline: bool = True):
         return Gemma4AudioConfig(**src.random.audio) if src.random.audio is not None else None
     if src.source in KNOWN_TEXT_CONFIGS and offline:
         return None if KNOWN_TEXT_CONFIGS[src.source]["hidden_size_per_layer_input"] == 0 else Gemma4AudioConfig()
-    from gemma4_port.source.checkpoint import read_audio_config, resolve_checkpoint
+    from gemma4_port.source.checkpoint import resolve_checkpoint
+    from gemma4_port.source.checkpoint_files import read_audio_config
 
     return read_audio_config(resolve_checkpoint(manifest))
 
@@ -105,7 +107,8 @@ def text_config_for(manifest: Manifest, offline: bool = True):
         return Gemma4TextConfig(**src.random.config)
     if src.source in KNOWN_TEXT_CONFIGS and offline:
         return Gemma4TextConfig(**KNOWN_TEXT_CONFIGS[src.source])
-    from gemma4_port.source.checkpoint import read_text_config, resolve_checkpoint
+    from gemma4_port.source.checkpoint import resolve_checkpoint
+    from gemma4_port.source.checkpoint_files import read_text_config
 
     return read_text_config(resolve_checkpoint(manifest))
 
@@ -122,7 +125,7 @@ def drafter_config_for(manifest: Manifest):
         return Gemma4AssistantConfig(**spec.random.assistant_fields(text_config_for(manifest).hidden_size))
     from pathlib import Path
 
-    from gemma4_port.source.checkpoint import CheckpointError, read_drafter_config
+    from gemma4_port.source.checkpoint_files import CheckpointError, read_drafter_config
 
     folder = Path(spec.drafter).expanduser()
     if not folder.is_dir():

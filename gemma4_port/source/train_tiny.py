@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 from gemma4_port.source import tiny_corpus
-from gemma4_port.source.checkpoint import folder_digest, write_checkpoint
+from gemma4_port.source.checkpoint import folder_digest
+from gemma4_port.source.checkpoint_writer import write_checkpoint
 from gemma4_port.source.toy_tokenizer import train_tokenizer
 from gemma4_port.source.train_drafter import FULL, SLIDING, drafter_config, train_drafter
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from contract.media_inputs import AudioInputs
-from gemma4_port.source.checkpoint import AUDIO_PROCESSOR
+from gemma4_port.source.checkpoint_files import AUDIO_PROCESSOR
 from gemma4_port.verify.agreement import Case
 from runtime.model.media import MediaInput
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import torch
 
-from gemma4_port.source.checkpoint import (
+from gemma4_port.source.checkpoint_files import (
     MULTIMODAL_PREFIX,
     CheckpointError,
     read_audio_config,

@@ -20,7 +20,8 @@ from pathlib import Path
 import torch
 
 from contract.greedy import argmax
-from gemma4_port.source.checkpoint import read_drafter_config, resolve_drafter
+from gemma4_port.source.checkpoint import resolve_drafter
+from gemma4_port.source.checkpoint_files import read_drafter_config
 from gemma4_port.source.manifest import Manifest
 from gemma4_port.verify.agreement import Case, Row, compare
 from gemma4_port.verify.reference import reference_greedy

@@ -186,9 +186,25 @@ def test_the_drafter_in_seeded_sampling_and_in_forks(drafter):
     first, again = (run(drafter, ids, 10, sampling=hot, seed=5) for _ in range(2))
     same(first, again)
     assert first[2].completion_tokens <= 10 and len(first[0]) == first[2].completion_tokens
-    want = run(drafter, ids, 8, speculate=False)  # forks draft from the hidden state the copy keeps
+    want = run(drafter, ids, 8, speculate=False)  # forks draft from the prompt's kept hidden state
     for choice in collect(submit(drafter, ids, 8, choices=2), 2):
         same(choice, want)
+
+
+def test_a_fork_of_part_of_a_slot_drafts_at_its_first_step(drafter):
+    """Six greedy choices on four slots: the last two fork slots that went on past the prompt (their
+    choices done), from the prompt's kept logits and hidden state. Every choice is the plain output,
+    and each drafts exactly what a lone request drafts, the first step included."""
+    ids = random_ids(13, 14)
+    want = run(drafter, ids, 8, speculate=False)
+    before = counted(drafter)[0]
+    same(run(drafter, ids, 8), want)
+    alone = counted(drafter)[0] - before
+    forks = drafter.metrics.registry.get_sample_value("gemma4_forks_total") or 0.0
+    for choice in collect(submit(drafter, ids, 8, choices=6), 6):
+        same(choice, want)
+    assert alone > 0 and counted(drafter)[0] - before - alone == 6 * alone
+    assert drafter.metrics.registry.get_sample_value("gemma4_forks_total") - forks == 5
 
 
 def test_the_method_follows_the_settings_and_the_artifact():

@@ -113,21 +113,29 @@ class Scheduler:
                 return
             job, start = ready
             logits = None if job.shared is None else job.shared.logits
+            hidden = None if job.shared is None else job.shared.hidden
             if job.shared is not None:
                 job.shared.waiting -= 1
                 if not job.shared.waiting:
-                    job.shared.logits = None  # 0.5 MB at vocab 262,144 in bf16: not kept past the last choice
+                    job.shared.logits = job.shared.hidden = None  # 0.5 MB at vocab 262,144 in bf16: not kept on
             if job.cancelled:
                 job.put(Finished("cancelled", len(job.prompt), 0, job.index))
                 continue
             with self._alone(job):
-                self._place(job, start, free, logits)
+                self._place(job, start, free, logits, hidden)
 
-    def _place(self, job: Job, start: Prefill | Fork, free: list[Slot], logits: torch.Tensor | None) -> None:
+    def _place(
+        self,
+        job: Job,
+        start: Prefill | Fork,
+        free: list[Slot],
+        logits: torch.Tensor | None,
+        hidden: torch.Tensor | None = None,
+    ) -> None:
         live = self.output.running(job)
         if isinstance(start, Fork):
             assert logits is not None  # a fork source exists only once the prompt's logits are kept
-            self._fork(start.source, free, live, logits)
+            self._fork(start.source, free, live, logits, hidden)
             return
         reuse = self.settings.prefix_reuse
         slot, reused = choose_slot(
@@ -200,12 +208,15 @@ class Scheduler:
         best = min(held, key=lambda s: (not s.free, len(s.tokens)), default=None)
         return Prefill() if best is None else Fork(best.index)
 
-    def _fork(self, source: int, free: list[Slot], live: Running, logits: torch.Tensor) -> None:
+    def _fork(
+        self, source: int, free: list[Slot], live: Running, logits: torch.Tensor, hidden: torch.Tensor | None
+    ) -> None:
         """Start a choice in a copy of slot `source`'s KV (in that slot itself if it is free) and draw
-        its first token from the request's first logits, with its own generator."""
+        its first token from the request's first logits, with its own generator; its first drafter
+        step starts from the prompt's last hidden state (the source may have gone on past the prompt)."""
         runner, prompt = self.runner, live.job.prompt
         slot = source if runner.slots[source].free else spare_slot({s.index: s.tokens for s in free})
-        self._device(runner.fork, source, slot, len(prompt))
+        self._device(runner.fork, source, slot, len(prompt), hidden)
         self.metrics.forked(len(prompt))
         runner.slots[slot].request = live
         self.output.accept(slot, logits)
@@ -227,7 +238,7 @@ class Scheduler:
                 with self._alone(s.request.job):
                     logits = self._device(runner.prefill_step, s.index)
                     if logits is not None:
-                        shared = self._share(s.request.job, logits) or shared
+                        shared = self._share(s.request.job, logits, s.hidden) or shared
                         self.output.accept(s.index, logits)
         if shared:  # the request's other choices fork now and decode in this step
             self.admit()
@@ -257,13 +268,14 @@ class Scheduler:
                     self.output.accept(slot, rows[0])
 
     @staticmethod
-    def _share(job: Job, logits: torch.Tensor) -> bool:
-        """Keep the prompt's logits for the request's choices still without a slot: a copy, so that
-        neither a backend reusing its output buffer nor a view of the whole batch keeps more alive."""
+    def _share(job: Job, logits: torch.Tensor, hidden: torch.Tensor | None) -> bool:
+        """Keep the prompt's logits and last hidden state for the request's choices still without a
+        slot: copies, so that neither a backend reusing its output buffer nor a view of the whole batch
+        keeps more alive."""
         shared = job.shared
         if shared is None or not shared.waiting or shared.logits is not None:
             return False
-        shared.logits = logits.clone()
+        shared.logits, shared.hidden = logits.clone(), None if hidden is None else hidden.clone()
         return True
 
     def _device(self, call: Callable[..., T], *args: Any) -> T:

@@ -84,12 +84,13 @@ Event = Delta | Finished | Failed
 
 @dataclass
 class SharedPrompt:
-    """What the n choices of one request share while some have no slot yet: the prompt's logits,
-    once a choice's prefill gave them (a 262,144-wide row is 0.5 MB in bf16: dropped when the last
-    choice has started)."""
+    """What the n choices of one request share while some have no slot yet: the prompt's logits and
+    last hidden state, once a choice's prefill gave them (a 262,144-wide row is 0.5 MB in bf16:
+    dropped when the last choice has started)."""
 
     waiting: int  # choices not yet given a slot
     logits: torch.Tensor | None = None  # (V,) raw, after the prompt's last token
+    hidden: torch.Tensor | None = None  # (H,) the target's last hidden state there: a fork's first draft starts from it
 
 
 @dataclass

@@ -59,7 +59,7 @@ class Speculator:
         job = live.job
         if self.method is None or not job.speculate or live.fed < len(job.prompt):
             return 0
-        if self.method == "drafter" and slot.hidden is None:  # a fork of part of a slot: one plain step first
+        if self.method == "drafter" and slot.hidden is None:  # forked with no hidden state: one plain step first
             return 0
         return room(self.k, live.generated, job.max_tokens, slot.position, self.runner.geo.kv_max)
 

@@ -172,12 +172,14 @@ class ModelRunner:
             pass
         return logits
 
-    def fork(self, src: int, dst: int, keep: int | None = None) -> None:
+    def fork(self, src: int, dst: int, keep: int | None = None, hidden: torch.Tensor | None = None) -> None:
         """Make free slot `dst` decode on from the first `keep` positions (default: all) that slot
         `src` holds, without a prefill: the copy graph over the smallest key bucket holding them copies
         src's KV into dst (nothing to copy when they are the same retained slot). src must have
         finished its prefill, and a src that went on past `keep` only as far as its sliding ring still
-        holds the positions dst reads (the reuse rule)."""
+        holds the positions dst reads (the reuse rule). `hidden`: the target's hidden state (H,) at
+        position keep - 1, which a drafter step starts from (kept aside with the prompt's logits); by
+        default src's own when the fork keeps every position, else none (dst's first step is plain)."""
         s, d = self.slots[src], self.slots[dst]
         if s.state is SlotState.PREFILLING or not s.tokens:
             raise RuntimeError(f"slot {src} cannot be forked: it has not finished a prefill ({s.state.value})")
@@ -201,7 +203,7 @@ class ModelRunner:
             keys = self.keys_for(keep - 1)
             self.backend.copy(keys, self.host.copy_inputs(src, dst, keep, keys))
         d.forked(s.tokens[:keep], s.reach)
-        d.hidden = s.hidden if keep == held else None  # a drafter step needs the hidden state of position keep - 1
+        d.hidden = hidden if hidden is not None else s.hidden if keep == held else None
 
     def reusable(self, slot: int, ids: list[int], media: Sequence[MediaInput] = ()) -> int:
         """Leading positions of `ids` whose KV the slot holds and may keep (the reuse rule; an image

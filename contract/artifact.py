@@ -22,6 +22,10 @@ ARTIFACT_FORMAT = 7  # 2: host tables stored pre-scaled; 3: geometry states kv_m
 # 7: geometry.vision (vision_<N> encoder graphs), pad_id and the bidirectional vision rule; every graph's
 # rows are logits then the last hidden state; verify_<N>_<T> and draft_<T> graphs
 HOST_TABLES = "host/tables.safetensors"
+# The checkpoint's own preprocessing settings, saved by the build, read by the server: transformers'
+# image processor (save_pretrained) and audio feature extractor, each in its folder of the artifact.
+IMAGE_PROCESSOR = "processor"
+AUDIO_PROCESSOR = "audio_processor"  # a random checkpoint keeps its feature extractor under this name too
 
 
 class ArtifactError(Gemma4Error, RuntimeError):

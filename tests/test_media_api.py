@@ -10,14 +10,16 @@ import http.server
 import io
 import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import openai
 import pytest
 import soundfile
 from PIL import Image
-from transformers.models.gemma4 import Gemma4ImageProcessorPil
+from transformers.models.gemma4 import Gemma4AudioFeatureExtractor, Gemma4ImageProcessorPil, Gemma4Processor
 
+from contract.artifact import AUDIO_PROCESSOR, IMAGE_PROCESSOR
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from runtime.api.handling import token_bytes
 from runtime.http.app import create_app
@@ -204,6 +206,75 @@ def hearing(compiled):
         yield eng
 
 
+def tone(seconds: float) -> np.ndarray:
+    t = np.arange(int(16000 * seconds)) / 16000
+    return (0.3 * np.sin(2 * np.pi * 440 * t) + 0.05 * np.random.default_rng(3).standard_normal(t.size)).astype(
+        "float32"
+    )
+
+
+def encoded(wave: np.ndarray, fmt: str) -> bytes:
+    out = io.BytesIO()  # float samples in a wav are read back exactly; mp3 is lossy, so both sides decode it
+    soundfile.write(out, wave, 16000, format=fmt.upper(), subtype="FLOAT" if fmt == "wav" else "MPEG_LAYER_III")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def hearing_reference(hearing):
+    """(prompt ids, greedy tokens) of transformers' model for a question about one clip's samples: the
+    checkpoint's own feature extractor, the placeholder expanded by Gemma4Processor's own rule."""
+    tok, checkpoint = hearing.tokenizer, Path(hearing.model.meta.checkpoint)
+    model = load_reference(checkpoint)
+    extractor = Gemma4AudioFeatureExtractor.from_pretrained(str(checkpoint / AUDIO_PROCESSOR))
+
+    def run(text: str, wave: np.ndarray) -> tuple[list[int], list[int]]:
+        parts = [{"type": "text", "text": text}, {"type": "audio"}]
+        prompt = tok.apply_chat_template(
+            [{"role": "user", "content": parts}], add_generation_prompt=True, tokenize=False
+        )
+        out = extractor([wave], sampling_rate=16000, return_tensors="pt")
+        wrap = SimpleNamespace(boa_token=tok.boa_token, audio_token=tok.audio_token, eoa_token=tok.eoa_token)
+        ids = tok(
+            prompt.replace(tok.audio_token, Gemma4Processor.replace_audio_token(wrap, out, 0)), add_special_tokens=False
+        ).input_ids
+        features = {k: out[k] for k in ("input_features", "input_features_mask")}
+        return ids, reference_greedy(model, ids, STEPS, clips=[features])[0]
+
+    return run
+
+
+@pytest.mark.parametrize("fmt", ["wav", "mp3"])
+def test_greedy_with_a_clip_equals_transformers(hearing, hearing_reference, fmt):
+    """The server's greedy tokens for an input_audio part equal transformers' for the samples the
+    file holds (an mp3 decoded by libsndfile for the reference, as soundfile reads it)."""
+    data = encoded(tone(1.0), fmt)
+    wave = soundfile.read(io.BytesIO(data), dtype="float32")[0]
+    assert fmt == "mp3" or np.array_equal(wave, tone(1.0))
+    ids, tokens = hearing_reference("Hear this.", wave)
+    oai, as_bytes = client(hearing), token_bytes(hearing)
+    messages = [
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "Hear this."},
+                {"type": "input_audio", "input_audio": {"data": base64.b64encode(data).decode(), "format": fmt}},
+            ],
+        }
+    ]
+    got, prompt_tokens = server_tokens(oai, hearing, messages)
+    assert (
+        prompt_tokens == len(ids)
+        and ids.count(hearing.tokenizer.convert_tokens_to_ids(hearing.tokenizer.audio_token)) > 20
+    )
+    assert got == [as_bytes(t) for t in tokens]
+
+
+def test_the_artifact_carries_the_feature_extractor_where_the_server_reads_it(hearing):
+    folder = Path(hearing.settings.artifact)
+    assert (folder / AUDIO_PROCESSOR / "preprocessor_config.json").is_file()
+    assert not (folder / IMAGE_PROCESSOR).exists()  # an audio-only variant: no image processor
+
+
 def test_an_audio_clip_is_heard_and_one_past_the_encoders_budget_refused(hearing):
     """A 1 s clip: 25 soft tokens between boa and eoa, counted alike by the chat route and /tokenize;
     a 3 s one makes more than the tiny audio encoder's 48 and is a 400 naming both numbers; bad data
@@ -279,3 +350,60 @@ def test_prompt_logprobs_are_refused_with_an_image(engine):
         client(engine).chat.completions.create(
             model=engine.model_name, messages=ask("?", data_url(PHOTO)), max_tokens=1, extra_body={"prompt_logprobs": 1}
         )
+
+
+def answer(content: list[dict], role: str = "user") -> dict:
+    return {"role": role, "content": content}
+
+
+def look(url: str) -> dict:
+    return {"type": "input_image", "image_url": url}
+
+
+@pytest.mark.parametrize(
+    "limits,items,param,message",
+    [
+        (
+            {"max_image_bytes": 2048},
+            [
+                answer([{"type": "input_text", "text": "?"}]),
+                answer([{"type": "input_text", "text": "?"}, look(data_url(PHOTO))]),
+            ],
+            "input.1.content.1.image_url",
+            "the limit is 2048 (GEMMA4_MEDIA_MAX_IMAGE_BYTES)",
+        ),
+        (
+            {"max_images": 1},
+            [answer([look(data_url(PHOTO)), look(data_url(OTHER))])],
+            "input",
+            "the request has 2 image parts; the limit is 1 (GEMMA4_MEDIA_MAX_IMAGES)",
+        ),
+        (
+            {},
+            [answer([{"type": "input_audio", "input_audio": {"data": WAV, "format": "wav"}}])],
+            "input",
+            "this model has no audio encoder",
+        ),
+        ({}, [answer([{"type": "input_text", "text": "look: <|image|>"}])], "input", "more image placeholders"),
+    ],
+)
+def test_responses_refusals_name_the_responses_path(engine, limits, items, param, message):
+    """A Responses request's media refusals name its own fields (input.N.content.M), never the chat
+    request it is served as (messages.N)."""
+    with pytest.raises(openai.BadRequestError) as info:
+        client(engine, **limits).responses.create(model=engine.model_name, input=items, max_output_tokens=1)
+    error = info.value.body
+    assert info.value.status_code == 400 and message in error["message"] and error["param"] == param
+    assert "messages." not in error["message"]
+
+
+def test_responses_media_only_in_user_messages(engine):
+    with pytest.raises(openai.BadRequestError) as info:
+        client(engine).responses.create(
+            model=engine.model_name,
+            input=[answer([look(data_url(PHOTO))], role="system"), answer([{"type": "input_text", "text": "?"}])],
+            max_output_tokens=1,
+        )
+    error = info.value.body
+    assert "only user messages carry input_image and input_audio parts" in error["message"]
+    assert error["param"].startswith("input.0") and "messages." not in error["message"]

@@ -21,7 +21,9 @@ import torch
 
 from contract.artifact import (
     ARTIFACT_FORMAT,
+    AUDIO_PROCESSOR,
     HOST_TABLES,
+    IMAGE_PROCESSOR,
     ArtifactMeta,
     Geometry,
     Golden,
@@ -44,7 +46,6 @@ from gemma4_port.compile.tracing import (
 from gemma4_port.port.sharding import DrafterShard, ModelShard, ShardingError, shard_drafter, shard_model
 from gemma4_port.source.checkpoint import resolve_checkpoint, resolve_drafter
 from gemma4_port.source.checkpoint_files import (
-    AUDIO_PROCESSOR,
     CheckpointReader,
     read_audio_config,
     read_config,
@@ -217,7 +218,7 @@ def _prepare(dest: Path, ckpt: Path, geo: Geometry) -> Path:
     if geo.vision:  # the server preprocesses with the checkpoint's own image processor settings
         from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-        Gemma4ImageProcessorPil.from_pretrained(str(ckpt)).save_pretrained(out / "processor")
+        Gemma4ImageProcessorPil.from_pretrained(str(ckpt)).save_pretrained(out / IMAGE_PROCESSOR)
     return out
 
 

@@ -16,7 +16,6 @@ MULTIMODAL_PREFIX = "model.language_model."
 TEXT_PREFIX = "model."
 TEXT_MODEL_TYPES = ("gemma4", "gemma4_unified", "gemma4_text", "gemma4_unified_text")
 DRAFTER_MODEL_TYPES = ("gemma4_assistant", "gemma4_unified_assistant")
-AUDIO_PROCESSOR = "audio_processor"  # the feature extractor's folder in a checkpoint and an artifact
 
 
 class CheckpointError(Gemma4Error, RuntimeError):

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from gemma4_port.source.checkpoint_files import AUDIO_PROCESSOR, MULTIMODAL_PREFIX, TEXT_PREFIX
+from contract.artifact import AUDIO_PROCESSOR
+from gemma4_port.source.checkpoint_files import MULTIMODAL_PREFIX, TEXT_PREFIX
 from gemma4_port.source.model_sources import RandomDrafter, RandomModel
 from gemma4_port.source.toy_tokenizer import EOS_ID, TOOL_RESPONSE, TURN_END, save_tokenizer, train_tokenizer
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
+from contract.artifact import AUDIO_PROCESSOR, IMAGE_PROCESSOR
 from contract.media_inputs import AudioInputs
-from gemma4_port.source.checkpoint_files import AUDIO_PROCESSOR
 from gemma4_port.verify.agreement import Case
 from runtime.model.media import MediaInput
 
@@ -34,7 +34,9 @@ class MediaPrompts:
 
         self.geo = meta.geometry
         folder = Path(folder)
-        self.processor = Gemma4ImageProcessorPil.from_pretrained(str(folder / "processor")) if self.geo.vision else None
+        self.processor = (
+            Gemma4ImageProcessorPil.from_pretrained(str(folder / IMAGE_PROCESSOR)) if self.geo.vision else None
+        )
         self.extractor = (
             Gemma4AudioFeatureExtractor.from_pretrained(str(folder / AUDIO_PROCESSOR)) if self.geo.audio else None
         )

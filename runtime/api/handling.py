@@ -20,6 +20,7 @@ from runtime.api.bodies import ResponseSpec, stream, whole
 from runtime.api.caps import check_costs, check_total, default_budget
 from runtime.api.chat import chat_call, template_kwargs, tool_names
 from runtime.api.chat_protocol import ChatCompletionRequest
+from runtime.api.media_prompt import MediaPart
 from runtime.api.media_request import expand_media, prepare_media
 from runtime.api.openai_errors import RETRY_AFTER_S, APIError
 from runtime.api.protocol import GenerationRequest, StreamOptions, ignored_fields
@@ -198,14 +199,17 @@ class ChatRun:
     parser: Callable[[], ReplyParser]
 
 
-def start_chat(eng: Engine, body: ChatCompletionRequest) -> ChatRun:
-    """Template, tokenize and submit a chat request (the chat and the Responses routes both do)."""
+def start_chat(eng: Engine, body: ChatCompletionRequest, media: tuple[list[MediaPart], str] | None = None) -> ChatRun:
+    """Template, tokenize and submit a chat request (the chat and the Responses routes both do).
+    `media`: the request's media parts and the field that holds them as another API's body named them
+    (the Responses request's input.N.content.M), when `body` is that request converted to chat."""
     check_model(eng, body.model)
     state = server_state()
     check_costs(body, state.limits)
     check_size(eng, [m.text() for m in body.messages], "messages")
     names = tool_names(body.tools, body.messages)  # aliases for names Gemma's call syntax cannot carry
-    items = prepare_media(eng, body.media_parts())
+    parts, where = (body.media_parts(), "messages") if media is None else media
+    items = prepare_media(eng, parts, where)
     with template_errors():
         call = chat_call(
             eng.tokenizer, body.messages, body.tools, body.tool_choice, body.chat_template_kwargs, names, state.limits
@@ -213,7 +217,7 @@ def start_chat(eng: Engine, body: ChatCompletionRequest) -> ChatRun:
     text = render_prompt(eng, call)
     with state.tokenizer_lock:
         prompt = eng.tokenizer(text, add_special_tokens=False).input_ids  # the template writes <bos>
-    prompt, media = expand_media(eng, prompt, items)
+    prompt, inputs = expand_media(eng, prompt, items, where)
     with template_errors():  # a tool schema the grammar cannot follow, or one past a cap, is a 400 too
         thinking = template_kwargs(body.chat_template_kwargs, state.limits).get("enable_thinking") is True
         limits = eng.settings.grammar_limits
@@ -221,7 +225,7 @@ def start_chat(eng: Engine, body: ChatCompletionRequest) -> ChatRun:
     max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
     # The reply's parser needs the special tokens as boundaries; it drops them from what it passes on.
     job = submit(
-        eng, body, prompt, max_tokens, "messages", skip_special_tokens=False, imposed=grammar, media=tuple(media)
+        eng, body, prompt, max_tokens, "messages", skip_special_tokens=False, imposed=grammar, media=tuple(inputs)
     )
     parser = functools.partial(
         ReplyParser, eng.tokenizer, text, body.parses_tools(), body.skip_special_tokens, names=names

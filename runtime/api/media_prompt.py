@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from transformers.models.gemma4 import Gemma4AudioFeatureExtractor, Gemma4ImageProcessorPil
 
+from contract.artifact import AUDIO_PROCESSOR, IMAGE_PROCESSOR
 from runtime.api import media_decode, media_fetch
 from runtime.api.media_fetch import MediaError, MediaLimitError
 from runtime.model.loader import LoadedModel
@@ -101,17 +102,17 @@ class MediaProcessors:
 
 def processors_for(model: LoadedModel, limits: MediaLimits) -> MediaProcessors:
     """The processors of the artifact's encoders, with the checkpoint's settings it carries (its
-    `processor` and `audio_processor` folders), the image processor at the artifact's soft-token
+    IMAGE_PROCESSOR and AUDIO_PROCESSOR folders), the image processor at the artifact's soft-token
     budget. PIL's bomb guard is set to the server's pixel limit before any image is opened."""
     geo = model.meta.geometry
     media_decode.guard_pil(limits)
     image_processor = feature_extractor = None
     if geo.vision is not None:
         image_processor = Gemma4ImageProcessorPil.from_pretrained(
-            str(model.folder / "processor"), max_soft_tokens=geo.vision.max_soft_tokens
+            str(model.folder / IMAGE_PROCESSOR), max_soft_tokens=geo.vision.max_soft_tokens
         )
     if geo.audio is not None:
-        feature_extractor = Gemma4AudioFeatureExtractor.from_pretrained(str(model.folder / "audio_processor"))
+        feature_extractor = Gemma4AudioFeatureExtractor.from_pretrained(str(model.folder / AUDIO_PROCESSOR))
     budget = geo.audio.max_soft_tokens if geo.audio is not None else None
     return MediaProcessors(model.tokenizer, image_processor, feature_extractor, budget)
 

@@ -29,12 +29,13 @@ def media_errors(param: str) -> Iterator[None]:
         raise APIError(400, f"{param}: {exc}", param=param, code="invalid_value") from None
 
 
-def prepare_media(eng: Engine, parts: list[MediaPart]) -> list[Prepared]:
+def prepare_media(eng: Engine, parts: list[MediaPart], where: str = "messages") -> list[Prepared]:
     """The request's media parts read, decoded and preprocessed, in order, on the state's media threads
-    (each within GEMMA4_MEDIA_PREPARE_TIMEOUT_S), once their number and kinds pass."""
+    (each within GEMMA4_MEDIA_PREPARE_TIMEOUT_S), once their number and kinds pass (a refusal of those
+    names `where`, the field holding the parts; one of a part names the part)."""
     state = server_state()
     limits = state.media
-    with media_errors("messages"):
+    with media_errors(where):
         check_counts(parts, limits, set(eng.model.runner.encoders))
     if not parts:
         return []
@@ -54,10 +55,13 @@ def prepare_media(eng: Engine, parts: list[MediaPart]) -> list[Prepared]:
     return out
 
 
-def expand_media(eng: Engine, prompt: list[int], items: list[Prepared]) -> tuple[list[int], list[MediaInput]]:
+def expand_media(
+    eng: Engine, prompt: list[int], items: list[Prepared], where: str = "messages"
+) -> tuple[list[int], list[MediaInput]]:
     """On a model that takes media: the prompt with its placeholders expanded to the items' soft tokens
-    (a placeholder a text part wrote itself is refused); on a text-only model, the prompt as it is."""
+    (a placeholder a text part wrote itself is refused, naming `where`); on a text-only model, the
+    prompt as it is."""
     if not eng.model.runner.encoders:
         return list(prompt), []
-    with media_errors("messages"):
+    with media_errors(where):
         return expand(list(prompt), items, server_state().processors())

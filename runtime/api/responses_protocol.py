@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Discriminator, Field, Tag
+from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
+from runtime.api.media_prompt import MediaPart
 from runtime.api.openai_errors import APIError
 from runtime.api.protocol import LenientModel
 
@@ -29,6 +30,9 @@ class TextPart(LenientModel):
 
     def chat(self, where: str) -> dict:
         return {"type": "text", "text": self.value()}
+
+    def media(self, where: str) -> MediaPart | None:
+        return None
 
 
 class InputImagePart(LenientModel):
@@ -51,6 +55,9 @@ class InputImagePart(LenientModel):
             )
         return {"type": "image_url", "image_url": {"url": self.image_url, "detail": self.detail}}
 
+    def media(self, where: str) -> MediaPart | None:
+        return None if self.image_url is None else MediaPart("image", f"{where}.image_url", self.image_url)
+
 
 class AudioData(LenientModel):
     data: str  # base64
@@ -66,6 +73,9 @@ class InputAudioPart(LenientModel):
     def chat(self, where: str) -> dict:
         return {"type": "input_audio", "input_audio": self.input_audio.model_dump(include={"data", "format"})}
 
+    def media(self, where: str) -> MediaPart | None:
+        return MediaPart("audio", f"{where}.input_audio.data", self.input_audio.data, self.input_audio.format)
+
 
 InputPart = Annotated[TextPart | InputImagePart | InputAudioPart, Discriminator("type")]
 
@@ -79,6 +89,15 @@ class MessageItem(LenientModel):
     id: str | None = None
     status: str | None = None
 
+    @model_validator(mode="after")
+    def _media_from_the_user(self) -> MessageItem:
+        # An assistant's or a system's image would be dropped from its text or refused by the chat
+        # request under the chat's own path; refused here, named by this item's.
+        if self.role != "user" and not isinstance(self.content, str):
+            if any(not isinstance(p, TextPart) for p in self.content):
+                raise ValueError("only user messages carry input_image and input_audio parts")
+        return self
+
     def text(self) -> str:
         """The text parts joined (the media parts are the chat message's: chat_content)."""
         if isinstance(self.content, str):
@@ -90,6 +109,11 @@ class MessageItem(LenientModel):
         if isinstance(self.content, str) or all(isinstance(p, TextPart) for p in self.content):
             return self.text()
         return [p.chat(f"{where}.content.{j}") for j, p in enumerate(self.content)]
+
+    def media(self, where: str) -> list[MediaPart]:
+        """Its image and audio parts, in order, each named by its place in the Responses request."""
+        parts = [] if isinstance(self.content, str) else self.content
+        return [m for j, p in enumerate(parts) if (m := p.media(f"{where}.content.{j}")) is not None]
 
 
 class FunctionCallItem(LenientModel):
@@ -217,6 +241,12 @@ class ResponsesRequest(LenientModel):
     user: str | None = None
     include: list[str] | None = None
     truncation: Literal["auto", "disabled"] | None = None
+
+    def media_parts(self) -> list[MediaPart]:
+        """Its image and audio parts in the order the prompt holds them (the chat messages it becomes
+        keep the items' order), each named by its own path (input.N.content.M...), not the chat's."""
+        items = enumerate(self.input)
+        return [p for i, item in items if isinstance(item, MessageItem) for p in item.media(f"input.{i}")]
 
     def stateless(self) -> None:
         """This server keeps no responses: what needs one stored is refused, naming the field."""

@@ -94,7 +94,7 @@ def create_response():
     body = parse(ResponsesRequest)
     body.stateless()
     eng = ready_engine()
-    run = start_chat(eng, ChatCompletionRequest.model_validate(chat_request(body)))
+    run = start_chat(eng, ChatCompletionRequest.model_validate(chat_request(body)), (body.media_parts(), "input"))
     meta = responses.Meta(body, eng.model_name)
     if body.stream:
         return event_stream(responses.stream(run.job, meta, run.parser()))

@@ -19,6 +19,7 @@ from pydantic import (
     ConfigDict,
     DirectoryPath,
     Field,
+    FilePath,
     ValidationError,
     ValidationInfo,
     field_validator,
@@ -134,6 +135,9 @@ class MediaLimits(_Limits):
     allowed_domains: Annotated[tuple[str, ...], BeforeValidator(_comma_list)] = ()
     fetch_private_addresses: bool = False  # let a fetch reach private, loopback and link-local addresses
     fetch_timeout_s: float = Field(default=10.0, gt=0, le=300)  # one fetch, connecting to the last byte
+    # The CA certificates (one PEM file) an https fetch trusts, in place of certifi's public bundle: an
+    # intranet image host signed by the operator's own CA (add the public roots to the file to keep them).
+    fetch_ca_bundle: FilePath | None = None
     # Media parts are fetched, decoded and preprocessed on a few threads of their own (PIL and the
     # processors hold the interpreter for part of it), each part within prepare_timeout_s.
     prepare_threads: int = Field(default=2, ge=1, le=16)

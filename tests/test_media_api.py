@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import http.server
 import io
+import socket
 import threading
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,6 +27,7 @@ from runtime.http.app import create_app
 from runtime.settings import MediaLimits, ServerSettings
 from support.engines import ready
 from support.http import openai_client
+from support.tls import https_server, make_certificates
 
 STEPS = 6
 
@@ -180,6 +182,38 @@ def test_an_image_url_is_fetched_only_as_the_operator_allows(engine, image_host)
     fetched = client(engine, **allowed, fetch_private_addresses=True).chat.completions.create(
         model=engine.model_name, messages=ask("What is this?", image_host), max_tokens=1
     )
+    inline = client(engine).chat.completions.create(
+        model=engine.model_name, messages=ask("What is this?", data_url(PHOTO)), max_tokens=1
+    )
+    assert fetched.usage.prompt_tokens == inline.usage.prompt_tokens
+
+
+def test_an_https_image_is_fetched_with_the_operators_ca_and_refused_without(engine, tmp_path, monkeypatch):
+    """An intranet host with a certificate of the operator's own CA: a 400 naming the part and the host
+    while the server trusts certifi's roots only, the image itself once GEMMA4_MEDIA_FETCH_CA_BUNDLE
+    names the CA."""
+    host = "screenshots.internal.test"
+    certs = make_certificates(tmp_path, host)
+    with https_server(OnePNG, certs) as port:
+        real = socket.getaddrinfo
+        monkeypatch.setattr(
+            socket,
+            "getaddrinfo",
+            lambda h, *a, **k: (
+                [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))] if h == host else real(h, *a, **k)
+            ),
+        )
+        reach = {"allowed_domains": (host,), "fetch_private_addresses": True}
+        url = f"https://{host}:{port}/screen.png"
+        with pytest.raises(openai.BadRequestError) as info:
+            client(engine, **reach).chat.completions.create(
+                model=engine.model_name, messages=ask("?", url), max_tokens=1
+            )
+        assert info.value.body["param"] == "messages.0.content.1.image_url.url"
+        assert f"the host '{host}' failed the TLS check (certificate verify failed" in info.value.body["message"]
+        fetched = client(engine, **reach, fetch_ca_bundle=certs.ca).chat.completions.create(
+            model=engine.model_name, messages=ask("What is this?", url), max_tokens=1
+        )
     inline = client(engine).chat.completions.create(
         model=engine.model_name, messages=ask("What is this?", data_url(PHOTO)), max_tokens=1
     )

@@ -1,5 +1,7 @@
-"""runtime.api.media_fetch: data: URLs, and http(s) fetches against a real HTTP server on 127.0.0.1,
-which only an operator's explicit GEMMA4_MEDIA_FETCH_PRIVATE_ADDRESSES lets the server reach."""
+"""runtime.api.media_fetch: data: URLs, and http(s) fetches against real HTTP and https servers on
+127.0.0.1, which only an operator's explicit GEMMA4_MEDIA_FETCH_PRIVATE_ADDRESSES lets the server
+reach; the https one has a certificate of a CA made in the test, trusted through
+GEMMA4_MEDIA_FETCH_CA_BUNDLE."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import time
 import pytest
 
 from runtime.api.media_fetch import MediaError, blocked, data_url, fetch
-from runtime.settings import MediaLimits
+from runtime.settings import MediaLimits, ServerSettings, SettingsError
+from support.tls import https_server, make_certificates
 
 BODY = b"\x89PNG not really, but bytes" * 10
 LIMIT = "the limit is 1000 (GEMMA4_MEDIA_MAX_IMAGE_BYTES)"
@@ -171,3 +174,89 @@ def test_data_urls():
         data_url("data:image/png;base64,@@@@", 1000, LIMIT)
     with pytest.raises(MediaError, match=f"holds about 1500 bytes; {LIMIT_RE}"):  # refused before decoding
         data_url("data:image/png;base64," + "A" * 2000, 1000, LIMIT)
+
+
+TLS_HOST = "images.internal.test"  # the certificate's name; the test's resolver maps *.internal.test to 127.0.0.1
+
+
+@pytest.fixture(scope="module")
+def tls(tmp_path_factory):
+    """(certificates, port) of an https server on 127.0.0.1 answering as `Handler` does."""
+    certs = make_certificates(tmp_path_factory.mktemp("tls"), TLS_HOST)
+    with https_server(Handler, certs) as port:
+        yield certs, port
+
+
+@pytest.fixture
+def https(tls, monkeypatch):
+    """The https server's base URL by its certificate's name, and limits that reach it, trusting its CA."""
+    certs, port = tls
+    real = socket.getaddrinfo
+
+    def lookup(host, *args, **kwargs):
+        if not host.endswith(".internal.test"):
+            return real(host, *args, **kwargs)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    reach = {"allowed_domains": (TLS_HOST,), "fetch_private_addresses": True}
+    return f"https://{TLS_HOST}:{port}", MediaLimits(**reach, fetch_ca_bundle=certs.ca), reach
+
+
+def test_an_https_fetch_trusts_the_operators_ca_bundle(https):
+    base, trusting, _ = https
+    assert fetch(f"{base}/ok", trusting, 1000, LIMIT) == BODY
+    assert Handler.hosts[-1] == f"{TLS_HOST}:{base.rsplit(':', 1)[1]}"
+
+
+def test_a_certificate_no_trusted_ca_signed_names_the_host(https):
+    """certifi's public roots (the default) do not trust the test's CA: a refusal naming the host and
+    the setting, never the body."""
+    base, _, reach = https
+    why = f"the host '{TLS_HOST}' failed the TLS check \\(.*certificate verify failed.*certifi's.*FETCH_CA_BUNDLE"
+    with pytest.raises(MediaError, match=why):
+        fetch(f"{base}/ok", MediaLimits(**reach), 1000, LIMIT)
+
+
+def test_a_certificate_for_another_name_is_refused(https):
+    """The connection goes to the address checked, but TLS verifies the name the URL gave: the server's
+    certificate, of a trusted CA, does not pass for another name resolving to the same address."""
+    base, trusting, _ = https
+    other = "other.internal.test"
+    limits = trusting.model_copy(update={"allowed_domains": (other,)})
+    why = f"'{other}' failed the TLS check .hostname '{other}' doesn't match '{TLS_HOST}'.*CA_BUNDLE's"
+    with pytest.raises(MediaError, match=why):
+        fetch(base.replace(TLS_HOST, other) + "/ok", limits, 1000, LIMIT)
+
+
+@pytest.mark.parametrize(
+    "path,why",
+    [
+        ("/redirect", "HTTP 302 \\(a redirect\\); redirects are not followed"),
+        ("/big-declared", f"is 2000 bytes; {LIMIT_RE}"),
+        ("/big-undeclared", f"is more than 1000 bytes; {LIMIT_RE}"),
+    ],
+)
+def test_what_an_https_server_answers_is_checked(https, path, why):
+    base, trusting, _ = https
+    with pytest.raises(MediaError, match=why):
+        fetch(f"{base}{path}", trusting, 1000, LIMIT)
+
+
+def test_a_stalled_https_answer_ends_at_the_fetch_deadline(https):
+    base, trusting, _ = https
+    began = time.monotonic()
+    late = trusting.model_copy(update={"fetch_timeout_s": 0.3})
+    with pytest.raises(MediaError, match="did not finish within 0.3 s \\(GEMMA4_MEDIA_FETCH_TIMEOUT_S\\)"):
+        fetch(f"{base}/stall", late, 1000, LIMIT)
+    assert time.monotonic() - began < 2.0
+
+
+def test_the_ca_bundle_setting_names_a_file(tmp_path):
+    environ = {"GEMMA4_ARTIFACT": str(tmp_path), "GEMMA4_MEDIA_FETCH_CA_BUNDLE": str(tmp_path / "missing.pem")}
+    with pytest.raises(SettingsError, match="GEMMA4_MEDIA_FETCH_CA_BUNDLE=.*missing.pem"):
+        ServerSettings.from_env(environ)
+    (tmp_path / "ca.pem").write_text("pem")
+    environ["GEMMA4_MEDIA_FETCH_CA_BUNDLE"] = str(tmp_path / "ca.pem")
+    assert ServerSettings.from_env(environ).media.fetch_ca_bundle == tmp_path / "ca.pem"
+    assert ServerSettings(artifact=tmp_path).media.fetch_ca_bundle is None  # default: certifi's bundle

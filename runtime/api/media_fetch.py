@@ -8,7 +8,9 @@ unless GEMMA4_MEDIA_FETCH_PRIVATE_ADDRESSES) and the connection goes to the addr
 second lookup cannot point it elsewhere (DNS rebinding); TLS still verifies the host's own name.
 Redirects are refused, not followed (each hop would need the same checks); the body is read raw
 (`Accept-Encoding: identity`: a gzip bomb is never inflated) up to the byte limit, and the whole fetch,
-connecting to the last byte, within GEMMA4_MEDIA_FETCH_TIMEOUT_S."""
+connecting to the last byte, within GEMMA4_MEDIA_FETCH_TIMEOUT_S. An https certificate is verified
+against certifi's CA bundle, or the operator's own (GEMMA4_MEDIA_FETCH_CA_BUNDLE, for an internal CA);
+one that fails is a refusal naming the host."""
 
 from __future__ import annotations
 
@@ -115,7 +117,7 @@ def fetch(url: str, limits: MediaLimits, max_bytes: int, limit_name: str) -> byt
         )
     deadline = time.monotonic() + limits.fetch_timeout_s
     address = resolve(host, port, limits)
-    pool = _pool(scheme, address, port, host, _left(deadline, limits))
+    pool = _pool(scheme, address, port, host, _left(deadline, limits), limits)
     target = urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, ""))
     netloc = f"[{host}]" if ":" in host else host
     headers = {
@@ -129,6 +131,16 @@ def fetch(url: str, limits: MediaLimits, max_bytes: int, limit_name: str) -> byt
         )
     except urllib3.exceptions.TimeoutError:
         raise MediaLimitError(_late(limits)) from None
+    except urllib3.exceptions.SSLError as exc:
+        trusted = (
+            "GEMMA4_MEDIA_FETCH_CA_BUNDLE's"
+            if limits.fetch_ca_bundle
+            else "certifi's (GEMMA4_MEDIA_FETCH_CA_BUNDLE names others)"
+        )
+        raise MediaError(
+            f"the host {shown(host)} failed the TLS check ({_tls_reason(exc)}); its certificate must be valid "
+            f"for {shown(host)} and signed by a CA this server trusts: {trusted}"
+        ) from None
     except urllib3.exceptions.HTTPError as exc:
         raise MediaError(f"fetching {shown(url)} failed: {exc}") from None
     try:
@@ -138,7 +150,17 @@ def fetch(url: str, limits: MediaLimits, max_bytes: int, limit_name: str) -> byt
         pool.close()
 
 
-def _pool(scheme: str, address: str, port: int, host: str, timeout: float) -> urllib3.HTTPConnectionPool:
+def _tls_reason(exc: urllib3.exceptions.SSLError) -> str:
+    """The TLS library's own reason (certificate verify failed: self-signed ...), not urllib3's wrapping."""
+    inner = exc.args[0] if exc.args else exc
+    if getattr(inner, "verify_message", None):
+        return f"certificate verify failed: {inner.verify_message}"
+    return " ".join(str(getattr(inner, "reason", None) or inner).split())
+
+
+def _pool(
+    scheme: str, address: str, port: int, host: str, timeout: float, limits: MediaLimits
+) -> urllib3.HTTPConnectionPool:
     """A one-connection pool to `address`; for https the certificate is checked against `host`."""
     budget = urllib3.Timeout(connect=timeout, read=timeout)
     if scheme == "http":
@@ -150,7 +172,8 @@ def _pool(scheme: str, address: str, port: int, host: str, timeout: float) -> ur
         maxsize=1,
         retries=False,
         cert_reqs="CERT_REQUIRED",
-        ca_certs=certifi.where(),  # the CA bundle requests uses, in every image alike
+        # the CA bundle requests uses, in every image alike, unless the operator names one
+        ca_certs=str(limits.fetch_ca_bundle or certifi.where()),
         server_hostname=host,
         assert_hostname=host,
     )

@@ -153,8 +153,9 @@ def fetch(url: str, limits: MediaLimits, max_bytes: int, limit_name: str) -> byt
 def _tls_reason(exc: urllib3.exceptions.SSLError) -> str:
     """The TLS library's own reason (certificate verify failed: self-signed ...), not urllib3's wrapping."""
     inner = exc.args[0] if exc.args else exc
-    if getattr(inner, "verify_message", None):
-        return f"certificate verify failed: {inner.verify_message}"
+    verify = getattr(inner, "verify_message", None)  # ssl.SSLCertVerificationError's
+    if verify:
+        return f"certificate verify failed: {verify}"
     return " ".join(str(getattr(inner, "reason", None) or inner).split())
 
 

@@ -62,27 +62,34 @@ def client(engine, **media) -> openai.OpenAI:
     return openai_client(engine, media=MediaLimits(**media))
 
 
-@pytest.fixture(scope="module")
-def reference(engine):
-    """(prompt ids, greedy tokens) of transformers' model for a question about one image: the
-    checkpoint's own image processor, the placeholder expanded as Gemma4Processor expands it."""
+def image_reference(engine):
+    """(prompt ids, greedy tokens) of transformers' model for a question about images, in order: the
+    checkpoint's own image processor, each placeholder expanded as Gemma4Processor expands it."""
     tok, checkpoint = engine.tokenizer, Path(engine.model.meta.checkpoint)
     model = load_reference(checkpoint)
     budget = engine.geometry.vision.max_soft_tokens
     processor = Gemma4ImageProcessorPil.from_pretrained(str(checkpoint), max_soft_tokens=budget)
 
-    def run(text: str, image: bytes) -> tuple[list[int], list[int]]:
-        parts = [{"type": "text", "text": text}, {"type": "image"}]
+    def run(text: str, *images: bytes) -> tuple[list[int], list[int]]:
+        parts = [{"type": "text", "text": text}, *({"type": "image"} for _ in images)]
         prompt = tok.apply_chat_template(
             [{"role": "user", "content": parts}], add_generation_prompt=True, tokenize=False
         )
-        out = processor(images=[Image.open(io.BytesIO(image))], return_tensors="pt")
-        soft = tok.boi_token + tok.image_token * int(out["num_soft_tokens_per_image"][0]) + tok.eoi_token
-        ids = tok(prompt.replace(tok.image_token, soft), add_special_tokens=False).input_ids
-        features = {k: out[k] for k in ("pixel_values", "image_position_ids")}
-        return ids, reference_greedy(model, ids, STEPS, images=[features])[0]
+        features = []
+        for image in images:
+            out = processor(images=[Image.open(io.BytesIO(image))], return_tensors="pt")
+            soft = tok.boi_token + "\0" * int(out["num_soft_tokens_per_image"][0]) + tok.eoi_token
+            prompt = prompt.replace(tok.image_token, soft, 1)  # "\0" for now: the next image's is the next left
+            features.append({k: out[k] for k in ("pixel_values", "image_position_ids")})
+        ids = tok(prompt.replace("\0", tok.image_token), add_special_tokens=False).input_ids
+        return ids, reference_greedy(model, ids, STEPS, images=features)[0]
 
     return run
+
+
+@pytest.fixture(scope="module")
+def reference(engine):
+    return image_reference(engine)
 
 
 def server_tokens(oai: openai.OpenAI, engine, messages) -> tuple[list[bytes], int]:
@@ -147,6 +154,25 @@ def test_the_responses_api_takes_input_image(engine):
         model=engine.model_name, messages=ask("What is this?", data_url(PHOTO)), max_tokens=2
     )
     assert r.usage.input_tokens == chat.usage.prompt_tokens
+
+
+@pytest.fixture(scope="module")
+def seeing_12b(compiled):
+    """The 12B-shaped model (an image's soft tokens see each other both ways on its sliding layers,
+    whose window is shorter than an image) at tp 2, batch 2."""
+    with ready(ServerSettings(artifact=compiled("tiny-12b", "image-tp2"))) as eng:
+        yield eng
+
+
+def test_greedy_with_images_on_the_12b_shape_at_tp2_equals_transformers(seeing_12b):
+    engine = seeing_12b
+    assert engine.geometry.tp == 2 and engine.geometry.bidirectional_vision
+    oai, as_bytes, reference_12b = client(engine), token_bytes(engine), image_reference(engine)
+    for images in [(PHOTO,), (PHOTO, png(40, 52, 2))]:
+        ids, tokens = reference_12b("What is this?", *images)
+        got, prompt_tokens = server_tokens(oai, engine, ask("What is this?", *map(data_url, images)))
+        assert prompt_tokens == len(ids) and got == [as_bytes(t) for t in tokens]
+    assert ids.count(engine.tokenizer.image_token_id) > 63 + 16  # the second image: more than one window
 
 
 class OnePNG(http.server.BaseHTTPRequestHandler):

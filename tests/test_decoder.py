@@ -13,7 +13,7 @@ from gemma4_port.port.lint import check_traced
 from gemma4_port.source.checkpoint_files import CheckpointError, CheckpointReader
 from gemma4_port.verify.reference import load_reference, reference_greedy
 from runtime.model.prefix import reusable_prefix
-from runtime.model.runner import chunks
+from runtime.model.prompt_chunks import chunks
 from support.builds import setup
 from support.copies import check_copied, planted_kv
 

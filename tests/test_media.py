@@ -8,7 +8,7 @@ import torch
 
 from runtime.model.media import MediaError, MediaInput, blocks, check_media, keyed, outside_blocks
 from runtime.model.prefix import reusable_prefix
-from runtime.model.runner import chunks
+from runtime.model.prompt_chunks import chunks
 
 IMG = 21
 PLACEHOLDERS = {"image": IMG, "audio": 22, "video": 23}

@@ -5,7 +5,9 @@ fit and a full context are each refused by name."""
 import pytest
 
 from runtime.model.loader import load_artifact
-from runtime.model.runner import ContextFull, PromptTooLong, chunks
+from runtime.model.prompt_chunks import chunks
+from runtime.model.runner import PromptTooLong
+from runtime.model.slot_steps import ContextFull
 from runtime.model.slots import SlotState
 
 

@@ -1,7 +1,7 @@
 """A slot's life, owned in one place: free -> prefilling chunk k -> decoding -> retained -> prefilling
 again, keeping a prefix of what it retained."""
 
-from runtime.model.runner import chunks
+from runtime.model.prompt_chunks import chunks
 from runtime.model.slots import Slot, SlotState
 
 

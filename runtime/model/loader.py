@@ -12,7 +12,8 @@ from contract.hostside import HostInputs, HostTables
 from contract.logit_error import judge_golden
 from contract.media_inputs import AudioInputs, VisionInputs
 from contract.tokenizer import check_vocab, load_tokenizer
-from runtime.model.runner import Backend, ModelRunner
+from runtime.model.backend import Backend
+from runtime.model.runner import ModelRunner
 
 
 class SelfTestFailed(Gemma4Error, RuntimeError):

@@ -10,7 +10,6 @@ step): a drafter step starts from it."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
 
 import torch
 
@@ -20,53 +19,21 @@ from contract.graph_key import GraphKey
 from contract.greedy import argmax
 from contract.hostside import HostInputs
 from contract.media_inputs import AudioInputs, VisionInputs
+from runtime.model.backend import Backend
 from runtime.model.media import MediaError, MediaInput, blocks, check_media, keyed, outside_blocks
 from runtime.model.prefix import reusable_prefix, ring_holds
+from runtime.model.prompt_chunks import chunks
 from runtime.model.slots import Slot, SlotState
-
-
-class Backend(Protocol):
-    """Compiled graphs with device-resident KV state. Inputs come without KV tensors."""
-
-    def prefill(self, bucket: int, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
-    def decode(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...
-    def copy(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> None: ...  # a fork's KV copy: copy_<keys>
-    def encode(self, graph: GraphKey, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...  # vision_/audio_<N>
-    def verify(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...  # verify_<N>_<keys>
-    def draft(self, keys: int, inputs: tuple[torch.Tensor, ...]) -> torch.Tensor: ...  # draft_<keys>: no KV write
-    def reset(self) -> None: ...
-    def close(self) -> None: ...
+from runtime.model.speculative_steps import SpeculativeSteps
 
 
 class PromptTooLong(Gemma4Error, ValueError):
     pass
 
 
-class ContextFull(Gemma4Error, RuntimeError):
-    pass
+class ModelRunner(SpeculativeSteps):
+    """Prefill, decode and forks over the slots (SpeculativeSteps adds verify, accept and draft)."""
 
-
-def chunks(
-    start: int, end: int, buckets: tuple[int, ...], whole: Sequence[tuple[int, int]] = ()
-) -> list[tuple[int, int, int]]:
-    """Positions start .. end-1 of a prompt as prefill chunks (start, length, bucket): chunks of the
-    largest bucket, then the rest in the smallest bucket that holds it. A chunk never ends inside a
-    block of `whole` (its queries see the block's later keys, which must be in the cache with them):
-    its end moves back to the block's start, so the block is in the next chunk whole."""
-    out, big = [], buckets[-1]
-    while start < end:
-        n = min(big, end - start)
-        for a, b in whole:
-            if a < start + n < b:
-                if a <= start:
-                    raise MediaError(f"a block of {b - a} soft tokens does not fit the largest prefill bucket ({big})")
-                n = a - start
-        out.append((start, n, next(b for b in buckets if n <= b)))
-        start += n
-    return out
-
-
-class ModelRunner:
     def __init__(
         self,
         geo: Geometry,
@@ -85,14 +52,6 @@ class ModelRunner:
         self.slots = [Slot(i) for i in range(geo.batch)]
         self.encoders = ("image",) * (vision is not None) + ("audio",) * (audio is not None)
         self.draft_order = draft_order
-
-    def _split(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """A graph's rows (..., V + H) -> logits (..., V) and last hidden states (..., H), as views."""
-        return rows[..., : self.geo.vocab], rows[..., self.geo.vocab :]
-
-    def keys_for(self, position: int) -> int:
-        """The smallest key bucket whose keys include `position` (below kv_max: checked by the caller)."""
-        return next(t for t in self.geo.key_buckets if position < t)
 
     def start(self, slot: int, ids: list[int], reused: int = 0, media: Sequence[MediaInput] = ()) -> None:
         """Make a free slot prefill `ids`, keeping the KV of its first `reused` positions (a prefix the
@@ -225,95 +184,6 @@ class ModelRunner:
         for slot, tok in tokens.items():
             self.slots[slot].wrote([tok])
             self.slots[slot].hidden = hidden[slot]
-        return {slot: logits[slot] for slot in tokens}
-
-    def _decoding(self, slot: int, n: int) -> Slot:
-        """A decoding slot with room for `n` more positions; refused by name otherwise."""
-        s = self.slots[slot]
-        if s.state is not SlotState.DECODING:
-            raise RuntimeError(f"slot {slot} has no prompt ({s.state.value})")
-        if s.position + n > self.geo.kv_max:
-            raise ContextFull(
-                f"slot {slot} reached kv_max={self.geo.kv_max}"
-                if s.position >= self.geo.kv_max
-                else f"slot {slot} holds {s.position} positions: {n} more exceed kv_max={self.geo.kv_max}"
-            )
-        s.verified = None  # any step past a verify settles it
-        return s
-
-    # -- speculative decoding ------------------------------------------------------------------
-
-    @property
-    def verify_max(self) -> int:
-        """The most tokens one verify takes per slot (the artifact's k + 1); 0 when it has no verify graphs."""
-        return self.geo.verify
-
-    @property
-    def draft_k(self) -> int | None:
-        """Draft steps per round the drafter was built for (the manifest's k); None without a drafter
-        (verify still works, for drafts from elsewhere such as prompt lookup)."""
-        return self.geo.drafter.k if self.geo.drafter else None
-
-    def verify(self, tokens: dict[int, list[int]]) -> dict[int, torch.Tensor]:
-        """One target pass over up to `verify_max` tokens per slot, each slot's at its own position
-        (its next token, then the drafted ones): their KV is written and the slot's length advances
-        by their number. Returns per slot the raw logits rows (len, V) at the graph dtype, row i the
-        target's prediction after token i, as decode returns its row. `accept` then keeps a prefix;
-        without it every token stays."""
-        row: list[list[int] | None] = [None] * self.geo.batch
-        for slot, run in tokens.items():
-            if not 0 < len(run) <= self.geo.verify:
-                raise ValueError(f"a verify takes 1 to {self.geo.verify} tokens per slot, not {len(run)}")
-            self._decoding(slot, len(run))
-            row[slot] = list(run)
-        positions = [s.position for s in self.slots]
-        keys = self.keys_for(max(self.slots[slot].position + len(run) - 1 for slot, run in tokens.items()))
-        rows = self.backend.verify(keys, self.host.verify_inputs(row, positions, keys=keys))
-        logits, hidden = self._split(rows.view(self.geo.batch, self.geo.verify, -1))  # (B, N, V), (B, N, H)
-        out = {}
-        for slot, run in tokens.items():
-            s = self.slots[slot]
-            s.verified = (s.position, hidden[slot, : len(run)])
-            s.wrote(run)
-            s.hidden = hidden[slot, len(run) - 1]
-            out[slot] = logits[slot, : len(run)]
-        return out
-
-    def accept(self, slot: int, n: int) -> None:
-        """Keep only the first `n` (1 ..) of the tokens the slot's last verify fed: its length
-        becomes the verify's start + n, and the drafter's next step starts from the hidden state of
-        row n - 1. The KV written past it is never read (every mask row ends at its own position)."""
-        s = self.slots[slot]
-        if s.verified is None:
-            raise RuntimeError(f"slot {slot} has no verify to accept from (or stepped on since)")
-        start, hidden = s.verified
-        if not 0 < n <= len(hidden):
-            raise ValueError(f"slot {slot}'s last verify fed {len(hidden)} tokens: keep 1 to {len(hidden)}, not {n}")
-        s.tokens, s.position, s.hidden = s.tokens[: start + n], start + n, hidden[n - 1]
-        s.verified = None
-
-    def draft(self, tokens: dict[int, int]) -> dict[int, torch.Tensor]:
-        """One drafter step per slot: `tokens[slot]` (the latest, not yet in the target's cache: the
-        target's next token, then each drafted one) with the slot's stored hidden state, at the slot's
-        position, attending to the target's KV before it. Returns per slot the drafter's raw logits
-        (V,) in token order (no softcap: the drafter has none) and stores its hidden state for the
-        next step. Writes no KV and moves no position."""
-        if self.geo.drafter is None:
-            raise RuntimeError("this artifact has no drafter (its manifest's `speculative` names none)")
-        row: list[int | None] = [None] * self.geo.batch
-        hidden = torch.zeros(self.geo.batch, self.geo.hidden, dtype=self.host.dtype)
-        for slot, tok in tokens.items():
-            s = self._decoding(slot, 1)
-            if s.hidden is None:
-                raise RuntimeError(f"slot {slot} has no hidden state to draft from")
-            row[slot], hidden[slot] = tok, s.hidden
-        positions = [s.position for s in self.slots]
-        keys = self.keys_for(max(self.slots[slot].position - 1 for slot in tokens))
-        logits, out = self._split(self.backend.draft(keys, self.host.draft_inputs(row, hidden, positions, keys=keys)))
-        if self.draft_order is not None:
-            logits = logits.index_select(-1, self.draft_order)
-        for slot in tokens:
-            self.slots[slot].hidden = out[slot]
         return {slot: logits[slot] for slot in tokens}
 
     def free(self, slot: int) -> None:

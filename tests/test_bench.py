@@ -33,7 +33,7 @@ from gemma4_port.bench.targets import (
     REUSE_TTFT_GOAL,
     SPEEDUP_GOAL,
 )
-from gemma4_port.ops.capacity import ModelSizes
+from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.ops.speculative_gain import speculation
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest

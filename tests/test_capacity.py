@@ -12,14 +12,14 @@ from gemma4_port.ops.capacity import (
     MODEL_CODE_FLOOR,
     PROCESS_BYTES,
     SCRATCHPAD_PAGE,
-    ModelSizes,
     compile_swap_gib,
     compile_threads,
-    fixes,
     footprint,
     host_verdict,
-    kv_max_limit,
+    model_sizes,
 )
+from gemma4_port.ops.fitting import fixes, kv_max_limit
+from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
 from support import MANIFESTS, ROOT
@@ -254,3 +254,24 @@ def test_an_image_budget_counts_the_encoder_on_every_core_and_its_table_on_the_h
     assert fp.serve == without.serve + 2 * table
     # 2,520 patches: 12 heads x 2,520 x 512 float32 scores beside the inputs, under the decoder's chunk
     assert 4 * transient == fp.encoder_transient and fp.rank_transient == max(without.rank_transient, 4 * transient)
+
+
+def test_the_verify_and_draft_graphs_working_sets_are_counted():
+    """tiny-e2b's spec variant (4 query heads, kv_max 64, ring 40, k 3): a verify holds batch x (k + 1)
+    queries' scores and rows, a drafter step batch queries'; the largest of every graph family is the
+    one on the core, and the plan names it."""
+    manifest = load_manifest(MANIFESTS / "tiny-e2b.yaml")
+    sizes = model_sizes(manifest)
+    spec = manifest.variant("spec")  # batch 4, buckets up to 32
+    sets = sizes.working_sets(1, 0, spec)
+    assert sets == {
+        "prefill": (4 * 32 * 64, 32 * 2 * (40 + 64)),
+        "verify": (4 * 16 * 64, 16 * 2 * (40 + 64)),
+        "draft": (4 * 4 * 64, 4 * 2 * (40 + 64)),
+    }
+    assert footprint(sizes, spec).largest_graph == "prefill"
+    wide = footprint(sizes, spec.model_copy(update={"batch": 16}))  # 64 verify queries beside a 32-token chunk
+    assert (wide.largest_graph, wide.rank_scores, wide.rank_rows) == ("verify", 4 * 4 * 64 * 64, 4 * 64 * 2 * 104)
+    host = footprint(sizes, spec.model_copy(update={"prefill": "host"}))  # decode's 4 queries, the verify's 16
+    assert host.largest_graph == "verify" and "draft" in sizes.working_sets(1, 0, host.variant)
+    assert "verify" not in sizes.working_sets(1, 0, manifest.variant("fp32"))  # not a speculative variant

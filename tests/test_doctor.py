@@ -9,7 +9,6 @@ import sys
 
 import pytest
 
-from gemma4_port.ops.capacity import ModelSizes
 from gemma4_port.ops.doctor import monitor
 from gemma4_port.ops.doctor.checks import machine_checks
 from gemma4_port.ops.doctor.facts import Machine, neuron_ls
@@ -18,6 +17,7 @@ from gemma4_port.ops.doctor.measure import rates, versus_roofline
 from gemma4_port.ops.doctor.report import render, write
 from gemma4_port.ops.doctor.steps import copy_logs, run_cli
 from gemma4_port.ops.doctor.targets import REAL, TINY, DoctorError, Skip, Target, plan, select, target
+from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
 from gemma4_port.source.toolchain import load_toolchain

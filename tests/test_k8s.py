@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gemma4_port.ops.capacity import INSTANCES, ModelSizes, footprint
+from gemma4_port.ops.capacity import INSTANCES, footprint
+from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
 from runtime.serve import gunicorn_options

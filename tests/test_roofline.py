@@ -2,7 +2,8 @@
 
 import pytest
 
-from gemma4_port.ops.capacity import GIB, ModelSizes, footprint
+from gemma4_port.ops.capacity import GIB, footprint
+from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.ops.roofline import ALL_REDUCE_S, CORE_BYTES_PER_S, break_even_all_reduce_s, roofline
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest

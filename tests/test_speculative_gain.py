@@ -2,7 +2,7 @@
 
 import pytest
 
-from gemma4_port.ops.capacity import ModelSizes
+from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.ops.roofline import CORE_BYTES_PER_S, roofline
 from gemma4_port.ops.speculative_gain import Speculation, drafter_step_bytes, speculation
 from gemma4_port.source.configs import text_config_for

@@ -21,7 +21,7 @@ from rich.table import Table
 
 from contract.tokenizer import load_tokenizer
 from gemma4_port.bench import speculative, speculative_server
-from gemma4_port.ops.capacity import ModelSizes
+from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.ops.speculative_gain import ASSUMED_DRAFTER, speculation
 from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import find_manifest, load_manifest, shipped_manifests

@@ -4,8 +4,9 @@ Bytes are counted from the real device module, each rank's Gemma4Decoder built f
 plan on the meta device, not from marketing parameter counts ("E2B" keeps 2.3B parameters on the
 device, "E4B" 4.6B). Every variant is one NxD ModelBuilder model (runtime/model/neuron.py): a core
 holds one copy of its rank's weights, shared by every prefill and decode bucket, its KV state, and
-the working set of the largest graph, a prefill chunk over kv_max keys (its float32 attention
-scores and its mask-and-write rows).
+the working set of the largest graph (its float32 attention scores and its mask-and-write rows): a
+prefill chunk over kv_max keys, or a verify of k + 1 tokens in every slot, or a drafter step
+(ops/model_sizes.py working_sets, the element counts; ops/fitting.py, what makes a variant fit).
 
 A core's memory is counted in the categories neuron-monitor reports per NeuronCore (aws-neuron-sdk
 v2.28.0 tools/neuron-sys-tools/neuron-monitor-user-guide.rst:534-560, 617-625; their meaning in
@@ -28,22 +29,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cache, partial
-
-import torch
 
 from contract.dtypes import DTYPES
 from contract.layout import NeuronLayout, neuron_layout
-from gemma4_port.port.audio import AudioEncoder
-from gemma4_port.port.decoder import Gemma4Decoder
-from gemma4_port.port.drafter import Gemma4Drafter
-from gemma4_port.port.kv import kinds_present, kv_shapes, ring_size
-from gemma4_port.port.layers import KEY_BLOCK
-from gemma4_port.port.sharding import ShardingError, shard_drafter, shard_model
-from gemma4_port.port.vision import VisionEncoder
+from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.source.configs import audio_config_for, drafter_config_for, text_config_for, vision_config_for
 from gemma4_port.source.manifest import Manifest
-from gemma4_port.source.model_sources import Speculative
 from gemma4_port.source.variant import Variant
 
 GIB = 2**30
@@ -66,7 +57,8 @@ DEVICE_MEMORY = {
     "model_code": f"floor {MODEL_CODE_FLOOR // MIB} MiB of runtime micro-code (device-memory.rst:22); "
     f"the neffs' instructions: {UNKNOWN}",
     "model_shared_scratchpad": "estimate: the largest graph's working set (one layer's float32 scores and the "
-    "rows input) in 512 MiB pages; the compiler fixes the real size in each neff (device-memory.rst:143-152)",
+    "rows input; of prefill, decode, verify and draft, whichever is largest) in 512 MiB pages; the compiler "
+    "fixes the real size in each neff (device-memory.rst:143-152)",
     "runtime_memory": f"{UNKNOWN} (with the DMA rings and collectives buffers, device-memory.rst:19-27)",
 }
 
@@ -90,101 +82,6 @@ def compile_threads(inst: Instance) -> int:
     return min(32, inst.vcpus + 4)
 
 
-class ModelSizes:
-    """Element counts of one model's device decoder per (tp, rank), each built once on the meta device,
-    and of its encoders (`vision`: a Gemma4VisionConfig, `audio`: a Gemma4AudioConfig, or None),
-    replicated on every rank."""
-
-    def __init__(self, config, vision=None, audio=None, speculative: Speculative | None = None, drafter_config=None):
-        """`speculative`: the manifest's speculative decoding (verify keys for the variants it names),
-        with `drafter_config` its drafter's Gemma4AssistantConfig, whose weights join each rank's."""
-        self.config = config
-        self.vision, self.audio = vision, audio
-        self.speculative, self.drafter_config = speculative, drafter_config
-        # Memoised per instance (a method-level cache would keep every instance alive).
-        self.shard = cache(partial(shard_model, config))
-        self.weights = cache(self._weights)
-        self.drafter_weights = cache(self._drafter_weights)
-
-    def _weights(self, tp: int, rank: int) -> int:
-        """Every parameter and buffer of the rank's device graph: the weights its neffs take as inputs."""
-        with torch.device("meta"):
-            decoder = Gemma4Decoder(self.shard(tp, rank))
-        return sum(t.numel() for t in (*decoder.parameters(), *decoder.buffers()))
-
-    def _drafter_weights(self, tp: int, rank: int) -> int:
-        """The drafter's parameters and buffers beside the rank's decoder (0 without a drafter)."""
-        if self.drafter_config is None:
-            return 0
-        with torch.device("meta"):
-            drafter = Gemma4Drafter(shard_drafter(self.drafter_config, self.shard(tp, rank)))
-        return sum(t.numel() for t in (*drafter.parameters(), *drafter.buffers()))
-
-    def speculation(self, variant: Variant) -> tuple[int, bool]:
-        """(verify tokens per slot, whether a drafter comes with them) for the variant."""
-        spec = self.speculative
-        if spec is None or not spec.applies_to(variant.name):
-            return 0, False
-        return spec.k + 1, self.drafter_config is not None
-
-    def kv(self, tp: int, rank: int, batch: int, kv_max: int, ring: int) -> int:
-        """KV elements: global layers keep kv_max positions, sliding layers a ring of `ring`."""
-        return sum(math.prod(s) for s in kv_shapes(self.shard(tp, rank), batch, kv_max, ring))
-
-    def ring(self, variant: Variant) -> int:
-        return ring_size(self.shard(1, 0).sliding_window, variant.kv_max, variant.buckets)
-
-    def transient(self, tp: int, rank: int, variant: Variant) -> tuple[int, int]:
-        """Elements of the largest graph's working set: (float32 attention scores, input rows at the
-        variant dtype). The largest graph is the prefill of the largest chunk bucket C over kv_max keys
-        (with host prefill: decode over kv_max, B queries). One layer's scores are alive at a time:
-        the largest, q heads x C x T_kind (T_kind = kv_max, or the ring for a sliding layer); the rows
-        input is C x 2 (mask, write) x T_kind per attention kind."""
-        queries = variant.batch if variant.prefill == "host" else variant.buckets[-1]
-        ring = self.ring(variant)
-        width = {kind: ring if kind == "sliding" else variant.kv_max for kind in kinds_present(self.shard(tp, rank))}
-        scores = max(s.q_heads * queries * width[s.kind] for s in self.shard(tp, rank).layers)
-        return scores, sum(queries * 2 * w for w in width.values())
-
-    def encoder(self, variant: Variant) -> tuple[int, int, int]:
-        """Elements of the variant's encoders, 0 without a media budget: (weights, the largest encoder
-        graph's working set, their host table). An image graph of the budget's P = max_soft_tokens x k^2
-        patches holds one layer's float32 scores of a key block (heads x P x min(P, KEY_BLOCK)) beside
-        its inputs (patches, position embeddings, rope, the N x P pooling matrix), and the host keeps the
-        tower's 2-D position table; an audio graph of T soft tokens (4T mel frames) holds the first
-        convolution's output (c0 x 2T x 64 float32) or one layer's blocked scores (heads x T x context)."""
-        media = variant.media
-        weights, transient, table = 0, 0, 0
-        if media and media.image and self.vision is not None:
-            v = self.vision
-            with torch.device("meta"):
-                encoder = VisionEncoder(v, self.config.hidden_size)
-            weights += sum(t.numel() for t in (*encoder.parameters(), *encoder.buffers()))
-            P = media.image.max_soft_tokens * v.pooling_kernel_size**2
-            inputs = P * (3 * v.patch_size**2 + v.hidden_size + 2 * v.head_dim) + media.image.max_soft_tokens * P
-            transient = v.num_attention_heads * P * min(P, KEY_BLOCK) + inputs
-            table = 2 * v.position_embedding_size * v.hidden_size
-        if media and media.audio and self.audio is not None:
-            a, T = self.audio, media.audio.max_soft_tokens
-            with torch.device("meta"):
-                clip = AudioEncoder(a, self.config.hidden_size)
-            weights += sum(t.numel() for t in (*clip.parameters(), *clip.buffers()))
-            context = a.attention_chunk_size + a.attention_context_left - 1 + a.attention_context_right
-            scores = a.num_attention_heads * T * context
-            transient = max(transient, a.subsampling_conv_channels[0] * 2 * T * 64 + scores)
-        return weights, transient, table
-
-    def host_tables(self) -> int:
-        m = self.shard(1, 0)
-        return m.vocab * m.hidden + m.ple_vocab * m.num_layers * m.ple_dim
-
-    def host_rope(self, kv_max: int) -> int:
-        """The host's rotary rows, made at load: cos and sin of every position per attention kind
-        (contract/hostside.py HostInputs.rope_rows); the mask strips beside them are 8 x ring or kv_max."""
-        dims = {s.kind: s.head_dim for s in self.shard(1, 0).layers}
-        return kv_max * 2 * sum(dims.values())
-
-
 @dataclass(frozen=True)
 class Footprint:
     """Bytes of one variant, where they live and when."""
@@ -193,8 +90,9 @@ class Footprint:
     layout: NeuronLayout
     rank_weights: int  # one copy of one rank's device weights (the largest rank), at the variant dtype
     rank_kv: int  # one rank's KV buffers for batch x kv_max
-    rank_scores: int  # the largest graph's float32 attention scores, one layer's (see ModelSizes.transient)
+    rank_scores: int  # the largest graph's float32 attention scores, one layer's (see ModelSizes.working_sets)
     rank_rows: int  # and its mask-and-write rows input, every kind's
+    largest_graph: str  # which graph family that is: prefill, decode (host prefill), verify or draft
     host_tables: int  # word embedding + PLE tables at the variant dtype: the slim server's load
     host_rope: int  # and the rotary rows of every position up to kv_max
     whole_weights: int  # the whole decoder at the variant dtype: the compile holds it, a host prefill runs it
@@ -256,7 +154,7 @@ class Footprint:
 def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
     size = DTYPES[variant.dtype].itemsize
     ranks = range(variant.tp)
-    scores, rows = max(sizes.transient(variant.tp, r, variant) for r in ranks)
+    largest, scores, rows = max((sizes.transient(variant.tp, r, variant) for r in ranks), key=lambda t: t[1:])
     encoder, encoder_transient, encoder_table = sizes.encoder(variant)
     verify, drafter = sizes.speculation(variant)
     v = variant
@@ -269,6 +167,7 @@ def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
         rank_kv=size * max(sizes.kv(variant.tp, r, variant.batch, variant.kv_max, sizes.ring(variant)) for r in ranks),
         rank_scores=4 * scores,
         rank_rows=size * rows,
+        largest_graph=largest,
         host_tables=size * sizes.host_tables(),
         host_rope=size * sizes.host_rope(variant.kv_max),
         whole_weights=size * sizes.weights(1, 0),
@@ -310,66 +209,6 @@ def compile_swap_gib(manifest: Manifest, variant: Variant, host_gib: int = BUILD
     graph) is unknown until measured, so no "no swap" verdict is founded."""
     swap = swap_gib(footprint(model_sizes(manifest), variant).compile_floor, host_gib)
     return swap or None
-
-
-def at_kv_max(sizes: ModelSizes, variant: Variant, kv_max: int) -> Footprint:
-    return footprint(sizes, variant.model_copy(update={"kv_max": kv_max, "key_buckets": (kv_max,)}))
-
-
-def largest_kv_max(sizes: ModelSizes, fp: Footprint) -> int | None:
-    """The largest kv_max (a multiple of 128 above the largest bucket) whose KV and largest graph's
-    working set fit next to the weights: both grow with kv_max, so a bisection finds it."""
-    v = fp.variant
-    low, high = 0, 128
-    while at_kv_max(sizes, v, high).fits_core:
-        low, high = high, 2 * high
-    while high - low > 128:  # at_kv_max(low) fits (or low is below every kv_max), at_kv_max(high) does not
-        mid = (low + high) // 256 * 128
-        low, high = (mid, high) if at_kv_max(sizes, v, mid).fits_core else (low, mid)
-    return low if low > v.buckets[-1] else None
-
-
-def kv_max_bound(sizes: ModelSizes, fp: Footprint) -> tuple[int, str] | None:
-    """The largest kv_max this variant can take, and what bounds it: the core's memory (HBM: the KV and
-    the largest graph's working set beside the weights) or the model's own context
-    (max_position_embeddings). SBUF bounds no kv_max: attention runs over blocks of KEY_BLOCK keys,
-    whatever the key bucket (layers.py `attention`; the lint checks each op's rows)."""
-    memory = largest_kv_max(sizes, fp)
-    if memory is None:
-        return None
-    return min([(memory, "HBM"), (sizes.config.max_position_embeddings, "context")], key=lambda b: b[0])
-
-
-def kv_max_limit(sizes: ModelSizes, fp: Footprint) -> str:
-    bound = kv_max_bound(sizes, fp)
-    return f"{bound[0]} {bound[1]}" if bound else "-"
-
-
-def fixes(sizes: ModelSizes, fp: Footprint) -> list[str]:
-    """Changes to the variant that make it fit a NeuronCore, with the bytes per core each gives."""
-    v = fp.variant
-    tries = []
-    if v.dtype == "float32":
-        tries.append(("dtype: bfloat16", {"dtype": "bfloat16"}))
-    if v.tp == 1:
-        tries.append(("tp: 2", {"tp": 2}))
-        if v.dtype == "float32":
-            tries.append(("tp: 2 and dtype: bfloat16", {"tp": 2, "dtype": "bfloat16"}))
-        if v.prefill == "device":
-            tries.append(("prefill: host (decode alone on the core, the prompt on the host CPU)", {"prefill": "host"}))
-    out = []
-    for text, change in tries:
-        try:
-            other = footprint(sizes, v.model_copy(update=change))
-        except ShardingError:
-            continue
-        if other.fits_core:
-            out.append(f"{text} -> {gib(other.counted_core)} GiB per core")
-    kv_max = largest_kv_max(sizes, fp)
-    if kv_max:
-        buckets = f", key_buckets ending at {kv_max}" if len(v.key_buckets) > 1 else ""
-        out.append(f"kv_max: {kv_max} (or less{buckets}) -> the KV fits beside the weights")
-    return out
 
 
 def gib(n: int) -> str:

@@ -20,16 +20,15 @@ from gemma4_port.ops.capacity import (
     UNKNOWN,
     Footprint,
     Instance,
-    ModelSizes,
     compile_threads,
-    fixes,
     footprint,
     gib,
     host_verdict,
-    kv_max_limit,
     model_sizes,
     swap_gib,
 )
+from gemma4_port.ops.fitting import fixes, kv_max_limit
+from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.ops.roofline import ALL_REDUCE_S, ASSUMPTIONS, break_even_all_reduce_s, roofline, rooflines
 from gemma4_port.port.sharding import shard_table
 from gemma4_port.source.configs import text_config_for
@@ -69,7 +68,7 @@ def core_table(manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> T
             gib(fp.rank_weights) + (f" (drafter {gib(fp.drafter_weights // v.tp)})" if fp.drafter_weights else ""),
             gib(fp.encoder_weights) if fp.encoder_weights else "-",
             gib(fp.rank_kv),
-            gib(fp.scratchpad),
+            f"{gib(fp.scratchpad)} ({fp.largest_graph})",
             kv_max_limit(sizes, fp),
             f"{gib(fp.counted_core)} ({100 * fp.counted_core / (CORE_GIB * GIB):.0f}%)",
             "yes" if fp.fits_core else "[bold red]NO[/]",
@@ -150,9 +149,10 @@ def notes(sizes: ModelSizes) -> str:
         f">= {gib(MODEL_CODE_FLOOR)}):\n{sources}\n"
         "tensors: every parameter and buffer of the rank's device graph (Gemma4Decoder of the sharding plan, "
         "built on the meta device) and the KV buffers (kv_max positions for a global layer, a ring of the window "
-        "plus the largest bucket for a sliding one). The scratchpad's working set: one layer's float32 attention "
-        "scores over kv_max keys (query heads x the largest bucket; with host prefill, decode's batch queries) "
-        "and its mask-and-write rows. kv_max up to: the smallest of what the core's memory holds beside the "
+        "plus the largest bucket for a sliding one). The scratchpad's working set: the largest graph's (named beside "
+        "it), one layer's float32 attention scores over kv_max keys and its mask-and-write rows; the queries are "
+        "the largest bucket for a prefill, the batch for decode (host prefill) and for a drafter step (the "
+        "drafter's query heads), batch x (k + 1) for a verify. kv_max up to: the smallest of what the core's memory holds beside the "
         "weights (HBM) and the model's context (max_position_embeddings); attention runs over key blocks, so no "
         "SBUF row grows with it (an upper bound, the scores above count every block as alive at once). The whole "
         f"model is {whole / 1e9:.2f}B elements = {gib(4 * whole)} GiB fp32, {gib(2 * whole)} GiB bf16; at tp 2 a "

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.dtypes import DTYPES
-from gemma4_port.ops.capacity import ModelSizes
+from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.port.kv import kv_shapes
 from gemma4_port.source.variant import Variant
 

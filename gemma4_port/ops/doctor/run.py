@@ -61,7 +61,7 @@ def verify_step(t: Target, work: Path, env: dict) -> Step:
 def serve_step(t: Target, work: Path, env: dict) -> Step:
     """`build.py serve` in its own process; streamed requests through the OpenAI API."""
     from gemma4_port.bench.server import Server
-    from gemma4_port.ops.capacity import ModelSizes
+    from gemma4_port.ops.model_sizes import ModelSizes
     from gemma4_port.source.configs import text_config_for
 
     here = folder(work, t)

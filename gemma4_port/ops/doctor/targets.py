@@ -19,7 +19,8 @@ import yaml
 
 from contract.errors import Gemma4Error
 from gemma4_port import MANIFESTS
-from gemma4_port.ops.capacity import GIB, ModelSizes, footprint
+from gemma4_port.ops.capacity import GIB, footprint
+from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.source.configs import KNOWN_TEXT_CONFIGS, text_config_for
 from gemma4_port.source.manifest import Manifest, load_manifest, parse_manifest
 

@@ -22,12 +22,15 @@ import torch
 
 from contract.artifact import ArtifactError, Geometry
 from contract.dtypes import DTYPES
-from contract.graph_key import GraphKey, variant_graphs
+from contract.graph_key import GraphKey, encoder_graphs, variant_graphs
 
 HOST_KV = "graphs/host_kv.json"  # {"kv_heads": [[[start, count] per rank] per KV tensor]}
 NXD_MODEL = "graphs/nxd_model.pt"  # the traced ModelBuilder model (neffs, no weights), saved with torch.jit.save
 NXD_WEIGHTS = "weights/tp{rank}_sharded_checkpoint.safetensors"  # ModelBuilder.shard_checkpoint's names
 KV_STATE = "kv.{index}"  # the model's state key of KV tensor `index`: its name in the traced module (DeviceKV)
+# The image and audio encoders: a ModelBuilder model of their own at tp 1 (no KV state, rank 0's core)
+ENCODER_MODEL = "graphs/nxd_encoders.pt"
+ENCODER_WEIGHTS = "encoder_weights/tp{rank}_sharded_checkpoint.safetensors"
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,15 @@ class NeuronLayout:
     tp: int
     device_graphs: tuple[GraphKey, ...]  # the prefills, decodes and copies on the NeuronCores
     host_prefill: bool
+    encoders: tuple[GraphKey, ...] = ()  # vision_<N> and audio_<N>: the encoder model's, on rank 0's core
+
+    @property
+    def encoder_keys(self) -> dict[str, tuple[GraphKey, ...]]:
+        """The encoder model's ModelBuilder keys (vision, audio) and their soft-token buckets."""
+        out: dict[str, tuple[GraphKey, ...]] = {}
+        for graph in self.encoders:
+            out[graph.kind] = out.get(graph.kind, ()) + (graph,)
+        return out
 
     @property
     def keys(self) -> dict[str, tuple[GraphKey, ...]]:
@@ -60,18 +72,23 @@ def neuron_layout(
     batch: int,
     verify: int = 0,
     drafter: bool = False,
+    encoders: tuple[GraphKey, ...] = (),
 ) -> NeuronLayout:
     """With speculative decoding, `verify` (tokens per slot) and `drafter` add the verify and drafter
-    keys after the others: they read and write the same aliased KV state."""
+    keys after the others: they read and write the same aliased KV state. `encoders`: the image and
+    audio encoder graphs (contract.graph_key.encoder_graphs), a model of their own."""
     host = prefill == "host"
     graphs = variant_graphs(buckets, key_buckets, batch, device_prefill=not host, verify=verify, drafter=drafter)
-    return NeuronLayout(tp, graphs, host)
+    return NeuronLayout(tp, graphs, host, encoders)
 
 
 def geometry_layout(geo: Geometry) -> NeuronLayout:
     """An artifact's layout, from its geometry."""
+    encoders = encoder_graphs(
+        geo.vision.soft_buckets if geo.vision else (), geo.audio.soft_buckets if geo.audio else ()
+    )
     return neuron_layout(
-        geo.tp, geo.prefill, geo.buckets, geo.key_buckets, geo.batch, geo.verify, geo.drafter is not None
+        geo.tp, geo.prefill, geo.buckets, geo.key_buckets, geo.batch, geo.verify, geo.drafter is not None, encoders
     )
 
 

@@ -24,6 +24,8 @@ LAYOUTS = {  # the four ways a Neuron artifact runs; all through one ModelBuilde
     "tp2-device-prefill": ("tiny-e4b", "tp2"),
     "tp2-host-prefill": ("tiny-e4b", "tp2-host"),
     "tp2-speculative": ("tiny-e2b", "spec-tp2"),  # verify and drafter keys on the same KV state
+    "media": ("tiny-e2b", "image-bf16"),  # the image and audio encoders: a model of their own
+    "tp2-media": ("tiny-e2b", "media-tp2"),
 }
 
 
@@ -51,9 +53,10 @@ def neuron_artifact(tmp_path_factory):
 def test_every_layout_compiles_through_model_builder_and_verifies(neuron_artifact, layout):
     folder, _ = neuron_artifact(layout)
     meta = json.loads((folder / "artifact.json").read_text())
-    host = layout == "tp2-host-prefill"
+    host, media = layout == "tp2-host-prefill", layout.endswith("media")
     assert meta["backend"] == "neuron" and meta["graphs"]["model"] == NXD_MODEL
-    assert set(meta["graphs"]) == ({"model", "host_prefill"} if host else {"model"})  # one model, all buckets
+    # one model, all buckets (and one for the encoders)
+    assert set(meta["graphs"]) == {"model"} | ({"host_prefill"} if host else set()) | ({"encoders"} if media else set())
     tp = meta["geometry"]["tp"]
     assert sorted(p for p in meta["files"] if p.startswith("weights/")) == [
         NXD_WEIGHTS.format(rank=r) for r in range(tp)

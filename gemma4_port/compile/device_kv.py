@@ -72,11 +72,12 @@ def empty_decoder(shard: ModelShard, dtype: torch.dtype) -> Gemma4Decoder:
 
 
 @torch.no_grad()
-def load_buffers(decoder: Gemma4Decoder, reader: CheckpointReader) -> None:
+def load_buffers(module: nn.Module, reader: CheckpointReader) -> None:
     """NxD loads parameters, not buffers, and a buffer is traced in as it is: layer_scalar (~0.06)
-    must hold the checkpoint's value before tracing or every layer over-scales."""
-    buffers = dict(decoder.named_buffers())
-    for e in decoder.weight_map():
+    must hold the checkpoint's value before tracing or every layer over-scales (and an encoder's clip
+    bounds and standardize tensors theirs). `module`: a decoder, drafter or encoder (its weight_map)."""
+    buffers = dict(module.named_buffers())
+    for e in module.weight_map():
         if e.name in buffers:
             buffers[e.name].copy_(reader.get(e.key).to(buffers[e.name].dtype))
 

@@ -27,9 +27,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from contract.artifact import Geometry
 from contract.dtypes import DTYPES
-from contract.graph_key import prefill_graphs
+from contract.graph_key import encoder_graphs, prefill_graphs
 from contract.hostside import HostInputs
 from contract.layout import HOST_KV, NXD_MODEL, NeuronLayout, neuron_layout
 from contract.versions import pin_problems
@@ -42,15 +41,16 @@ from gemma4_port.compile.device_kv import (
     graph_inputs,
     graph_module,
 )
+from gemma4_port.compile.nxd_encoders import build_encoders, check_routable, encoder_examples, lint_encoders
 from gemma4_port.compile.nxd_plan import check_spmd, kv_head_ranges
-from gemma4_port.compile.pipeline import Build, DrafterBuild, step
+from gemma4_port.compile.pipeline import Build, step
 from gemma4_port.compile.platform import pin_platform
 from gemma4_port.compile.tracing import CompileError, example_inputs, geometry, trace_quietly
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.drafter import Gemma4Drafter
 from gemma4_port.port.graphs import CopyGraph, PrefillGraph
 from gemma4_port.port.lint import check_traced
-from gemma4_port.port.sharding import ModelShard, shard_drafter, shard_model
+from gemma4_port.port.sharding import shard_drafter, shard_model
 from gemma4_port.source.checkpoint import cache_root
 from gemma4_port.source.manifest import Manifest
 from gemma4_port.source.toolchain import Toolchain
@@ -84,58 +84,69 @@ def load_sdk(toolchain: Toolchain) -> dict[str, str]:
 
 
 @dataclass
-class _Build:
-    manifest: Manifest
-    variant: Variant
+class NxdCompile:
+    """A Build (compile/pipeline.py: checkpoint, shards, geometry, the folder) as ModelBuilder compiles
+    it: its Neuron layout, the host inputs its example inputs come from, and neuronx-cc's workdir."""
+
+    build: Build
     layout: NeuronLayout
-    ckpt: Path
-    config: object  # Gemma4TextConfig
-    geo: Geometry
-    host: HostInputs
-    out: Path
     workdir: Path
-    drafter: DrafterBuild | None = None
 
     @property
     def dtype(self) -> torch.dtype:
-        return DTYPES[self.variant.dtype]
+        return DTYPES[self.build.variant.dtype]
+
+    @property
+    def host(self) -> HostInputs:
+        return HostInputs(self.build.geo, self.build.tables)
 
     @property
     def compiler_args(self) -> list[str]:
         """The manifest's neuronx-cc flags, targeting inf2 unless they say otherwise: a build host that
         is not an inf2 instance cannot be asked which chip it compiles for."""
-        args = list(self.manifest.toolchain.compiler_args)
+        args = list(self.build.manifest.toolchain.compiler_args)
         return args if any(a.startswith("--target") for a in args) else [*args, "--target", "inf2"]
 
     def examples(self) -> dict[str, list[tuple[torch.Tensor, ...]]]:
         """Each ModelBuilder key's bucket example inputs, checked against the signatures and linted
         on rank 0's graph (check_spmd made it every rank's; its values do not matter to the lint)."""
-        shard = shard_model(self.config, self.variant.tp, 0)
+        b, host = self.build, self.host
+        shard = shard_model(b.config, b.variant.tp, 0)
         decoder = empty_decoder(shard, self.dtype)
         drafter = None
-        if self.drafter is not None:
-            drafter = Gemma4Drafter(shard_drafter(self.drafter.config, shard), self.dtype)
+        if b.drafter is not None:
+            drafter = Gemma4Drafter(shard_drafter(b.drafter.config, shard), self.dtype)
         out = {}
         for key, graphs in self.layout.keys.items():
             graph = CopyGraph(decoder) if key == "copy" else graph_module(key, decoder, drafter)
-            module = DeviceKV(graph, self.geo.kv_shapes, self.dtype).eval()
+            module = DeviceKV(graph, b.geo.kv_shapes, self.dtype).eval()
             out[key] = []
             for graph in graphs:
-                inputs = graph_inputs(self.host, self.geo, graph)
-                check_inputs(inputs, self.geo, graph)
-                check_traced(trace_quietly(torch.jit.trace, module, inputs), str(graph), self.geo.vocab)
+                inputs = graph_inputs(host, b.geo, graph)
+                check_inputs(inputs, b.geo, graph)
+                check_traced(trace_quietly(torch.jit.trace, module, inputs), str(graph), b.geo.vocab)
                 out[key].append(inputs)
+        check_routable(out, {key: [str(g) for g in graphs] for key, graphs in self.layout.keys.items()})
+        return out
+
+    def encoder_examples(self) -> dict[str, list[tuple[torch.Tensor, ...]]]:
+        """The encoder model's keys' example inputs, routable and linted at their shapes."""
+        b = self.build
+        out = encoder_examples(b.geo, b.tables.vision_positions)
+        check_routable(out, {key: [str(g) for g in graphs] for key, graphs in self.layout.encoder_keys.items()})
+        lint_encoders(b, out)
         return out
 
 
-def _model_builder(b: _Build, examples: dict[str, list[tuple]]) -> dict[str, str]:
+def _model_builder(c: NxdCompile, examples: dict[str, list[tuple]]) -> dict[str, str]:
     from neuronx_distributed.trace.model_builder import ModelBuilder
 
+    b = c.build
     builder = ModelBuilder(
         router=None,
         tp_degree=b.variant.tp,
-        compiler_workdir=str(b.workdir),
-        checkpoint_loader=partial(full_checkpoint, b.ckpt, b.config, b.dtype, b.drafter),
+        compiler_workdir=str(c.workdir),
+        checkpoint_loader=partial(full_checkpoint, b.ckpt, b.config, c.dtype, b.drafter),
     )
     # One model, a key per graph: they share weights and KV state. ModelBuilder shards the checkpoint
     # by the first key's module (model_builder.py shard_checkpoint), so the weightless copy comes last.
@@ -144,7 +155,7 @@ def _model_builder(b: _Build, examples: dict[str, list[tuple]]) -> dict[str, str
             key=key,
             model_instance=RankGraph(b.ckpt, b.config, b.variant, key, b.drafter),
             example_inputs=inputs,
-            compiler_args=" ".join(b.compiler_args),
+            compiler_args=" ".join(c.compiler_args),
         )
     model = builder.trace(initialize_model_weights=False)  # no NeuronCore needed on the build host
     torch.jit.save(model, str(b.out / NXD_MODEL))  # TorchScript's save, as NxD Inference saves it
@@ -152,12 +163,12 @@ def _model_builder(b: _Build, examples: dict[str, list[tuple]]) -> dict[str, str
     return {"model": NXD_MODEL}
 
 
-def _host_prefill(b: _Build, whole: Gemma4Decoder, shards: list[ModelShard]) -> dict[str, str]:
+def _host_prefill(b: Build, whole: Gemma4Decoder) -> dict[str, str]:
     """CPU TorchScript prefill of the whole model, a method per chunk bucket and key bucket that holds
     it (prefill_<C>_<T>, as on the device) sharing one copy of the weights, and which KV heads each
     rank's state takes."""
     geo = geometry(b.config, whole.shard, b.variant)
-    host = HostInputs(geo, b.host.tables)
+    host = HostInputs(geo, b.tables)
     graphs = nn.Module()
     graphs.prefill = PrefillGraph(whole).eval()
     prefills = prefill_graphs(geo.buckets, geo.key_buckets)
@@ -167,18 +178,20 @@ def _host_prefill(b: _Build, whole: Gemma4Decoder, shards: list[ModelShard]) -> 
     traced = trace_quietly(torch.jit.trace_module, graphs, examples)
     rel = "graphs/host_prefill.pt"
     torch.jit.save(traced, str(b.out / rel))
-    (b.out / HOST_KV).write_text(json.dumps({"kv_heads": kv_head_ranges(shards)}) + "\n")
+    (b.out / HOST_KV).write_text(json.dumps({"kv_heads": kv_head_ranges(b.shards)}) + "\n")
     return {"host_prefill": rel}
 
 
 class NeuronGraphs:
-    """The variant's ModelBuilder model, compiled by neuronx-cc (and the host prefill, if any)."""
+    """The variant's ModelBuilder model, compiled by neuronx-cc (and the host prefill, if any, and the
+    encoder model where the variant has media budgets)."""
 
     backend = "neuron"
 
     def __init__(self, manifest: Manifest, variant: Variant):
         self.manifest, self.variant = manifest, variant
         spec = manifest.speculative_for(variant)
+        media = variant.media
         self.layout = neuron_layout(
             variant.tp,
             variant.prefill,
@@ -187,37 +200,25 @@ class NeuronGraphs:
             variant.batch,
             spec.k + 1 if spec else 0,
             bool(spec and spec.has_drafter),
+            encoder_graphs(
+                media.image.soft_buckets if media and media.image else (),
+                media.audio.soft_buckets if media and media.audio else (),
+            ),
         )
 
     def check(self) -> dict[str, str]:
         # ModelBuilder compiles through neuron_xla_compile with its persistent cache, keyed by the HLO
         # and the flags: an unchanged graph is not compiled twice.
         os.environ.setdefault("NEURON_COMPILE_CACHE_URL", str(cache_root() / "neuron-compile-cache"))
-        if self.variant.media is not None:
-            raise CompileError(
-                f"variant {self.variant.name!r} has media budgets: the image encoder graphs are built for the "
-                "CPU backend only so far (compile it with --backend cpu, or drop `media` for a text-only Neuron build)"
-            )
         pin_platform()  # before the SDK's first import: NxD reads the platform override once, then
         return load_sdk(self.manifest.toolchain)  # before any work: a missing SDK fails at once
 
     def graphs(self, start: Build, progress) -> dict[str, str]:
-        manifest, variant, layout = self.manifest, self.variant, self.layout
+        variant, layout = self.variant, self.layout
         check_spmd(start.shards)
         if start.drafter is not None:
             check_spmd([d.model for d in start.drafter.shards])
-        b = _Build(
-            manifest,
-            variant,
-            layout,
-            start.ckpt,
-            start.config,
-            start.geo,
-            HostInputs(start.geo, start.tables),
-            start.out,
-            compiler_workdir(manifest.name, variant.name),
-            start.drafter,
-        )
+        c = NxdCompile(start, layout, compiler_workdir(self.manifest.name, variant.name))
         graphs = {}
         if layout.host_prefill:
             with step(
@@ -225,16 +226,20 @@ class NeuronGraphs:
                 f"the whole model's host prefill, "
                 f"{len(prefill_graphs(start.geo.buckets, start.geo.key_buckets))} graph(s) (CPU)",
             ):
-                whole = empty_decoder(shard_model(start.config), b.dtype)
+                whole = empty_decoder(shard_model(start.config), c.dtype)
                 whole.load_weights(start.reader)
-                graphs |= _host_prefill(b, whole, start.shards)
+                graphs |= _host_prefill(start, whole)
                 del whole
-        with step(progress, f"check and lint {len(layout.device_graphs)} device graph(s)"):
-            examples = b.examples()
+        with step(progress, f"check and lint {len(layout.device_graphs) + len(layout.encoders)} device graph(s)"):
+            examples = c.examples()
+            encoders = c.encoder_examples() if layout.encoders else {}
         with step(
             progress,
             f"NxD ModelBuilder: {len(layout.device_graphs)} graph(s), tp {variant.tp} "
-            f"(neuronx-cc, long; workdir {b.workdir})",
+            f"(neuronx-cc, long; workdir {c.workdir})",
         ):
-            graphs |= _model_builder(b, examples)
+            graphs |= _model_builder(c, examples)
+        if encoders:
+            with step(progress, f"NxD ModelBuilder: {len(layout.encoders)} encoder graph(s), tp 1 (rank 0's core)"):
+                graphs |= build_encoders(start, encoders, c.compiler_args, c.workdir / "encoders")
         return graphs

@@ -9,7 +9,8 @@ input shapes: the traced top-level module only takes the arity of the last key's
 trace/spmd.py and model_builder.py build_nxd_model, tag v2.28.0). With `prefill: host` the model
 is decode alone; the prompt runs through a CPU TorchScript prefill of the whole model and the host
 writes its KV into the model's state, split per rank as HOST_KV says. ResidentKV is the one owner
-of that state on the host side. The SDK is imported only when a backend is built.
+of that state on the host side. The image and audio encoders are a second model (ENCODER_MODEL) at
+tp 1 on rank 0's core. The SDK is imported only when a backend is built.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 
 from contract.artifact import ArtifactError, ArtifactMeta
 from contract.graph_key import GraphKey, prefill_graphs
-from contract.layout import HOST_KV, KV_STATE, NXD_WEIGHTS, geometry_layout, rank_cores
+from contract.layout import ENCODER_WEIGHTS, HOST_KV, KV_STATE, NXD_WEIGHTS, geometry_layout, rank_cores
 from contract.versions import check_versions
 from runtime.model.neuron_sdk import check_driver, installed_versions, require
 
@@ -154,6 +155,13 @@ class NeuronBackend:
         )
         self.kv = ResidentKV(self.model.nxd_model, [tuple(shape) for shape in geo.kv_shapes])
         self.host_prefill = _HostPrefill(folder, meta) if self.layout.host_prefill else None
+        # The image and audio encoders: a model of their own at tp 1, no state, on rank 0's core (the
+        # first this process sees), loaded as NxD Inference loads its vision model beside the text
+        # model (models/image_to_text_model_base.py load_weights).
+        self.encoders = None
+        if self.layout.encoders:
+            self.encoders = torch.jit.load(str(folder / meta.graphs["encoders"]))
+            self.encoders.nxd_model.initialize([load_file(str(folder / ENCODER_WEIGHTS.format(rank=0)))], START_RANK)
 
     def _run(self, inputs) -> torch.Tensor:
         return logits_of(self.model.nxd_model.forward(list(inputs)))
@@ -170,9 +178,11 @@ class NeuronBackend:
         self._run(inputs)  # the copy key: the KV stays on the device, with a prefill on the host too
 
     def encode(self, graph: GraphKey, inputs) -> torch.Tensor:
-        # Neuron builds refuse media budgets (compile/neuron.py), so the loader gives the runner no
-        # image inputs and no request gets here: a Neuron artifact has no encoder graph to run.
-        raise ArtifactError(f"this Neuron artifact has no {graph} graph: its encoders are built for the CPU only")
+        """An encoder graph (vision_<N>, audio_<N>): the encoder model routes the inputs to the bucket of
+        their shapes (the runner built them for `graph`)."""
+        if self.encoders is None or graph not in self.layout.encoders:
+            raise ArtifactError(f"this Neuron artifact has no {graph} graph")
+        return logits_of(self.encoders.nxd_model.forward(list(inputs)))
 
     def verify(self, keys: int, inputs) -> torch.Tensor:
         return self._run(inputs)  # the verify key writes the slots' KV in place, as decode does
@@ -185,3 +195,4 @@ class NeuronBackend:
 
     def close(self) -> None:
         del self.model
+        self.encoders = None

@@ -10,8 +10,10 @@ Modelled on src/neuronx_distributed/trace/spmd.py at tag v2.28.0:
 - initialize(checkpoint: one dict per local rank, start_rank_tensor) loads the weights (a copy on
   the device) and builds fresh zero state; initialize_with_saved_weights(start_rank_tensor) builds
   fresh zero state over the weights already loaded. `state` is one dict per rank, keyed by the
-  module's name of each aliased tensor (StateInitializer, from the metaneff's checkpoint keys);
-  NxD Inference reads it with `nxd_model.state[rank][key].to("cpu")` (utils/snapshot.py), and
+  module's name of each aliased tensor (StateInitializer, from the metaneff's checkpoint keys).
+  A model with no aliased tensor has no state initializer (model_builder.py build_state_initializer
+  returns None) and keeps its placeholder state. NxD Inference reads it with
+  `nxd_model.state[rank][key].to("cpu")` (utils/snapshot.py), and
   NxD's V2 model writes a buffer with `.copy_(tensor)` after a shape check
   (trace/nxd_model/nxd_model.py write_to_neuron_buffer).
 - NxDModelExecutor.forward(*inputs) = nxd_model(list(inputs)), *traced* by ModelBuilder with one
@@ -99,7 +101,8 @@ class NxDModel(torch.nn.Module):
         self.cores = torch.ops.nxd_standin.place(self.local_ranks, start_rank_tensor)
         self.weights = weights
         self.loaded = True
-        self.state = self._fresh_state()
+        if len(self.state_names) > 0:  # a model without state has no state initializer
+            self.state = self._fresh_state()
         self.initialized = True
 
     @torch.jit.export
@@ -109,7 +112,8 @@ class NxDModel(torch.nn.Module):
                 "initialize_with_saved_weights() before any initialize(): no weights on the device (not modelled)"
             )
         self.cores = torch.ops.nxd_standin.place(self.local_ranks, start_rank_tensor)
-        self.state = self._fresh_state()
+        if len(self.state_names) > 0:
+            self.state = self._fresh_state()
         self.initialized = True
 
     def router(self, inputs: list[torch.Tensor]) -> tuple[str, int]:

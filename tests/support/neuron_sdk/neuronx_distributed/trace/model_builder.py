@@ -12,11 +12,11 @@ Modelled on src/neuronx_distributed/trace/model_builder.py at tag v2.28.0:
   inline_weights_to_neff=False) and its aliased parameters as state. build_nxd_model():
   input_shape_map maps str([list(shape) ...]) of every key's every example to (key, bucket), a later
   example of the same shapes replacing an earlier one's entry (a dict filled in key order); the
-  state initializer comes from the first key (none for a model whose buckets alias nothing); the executor is torch.jit.trace'd with
-  `example_inputs[0]` of the key added last; one output packer for every key, traced from the first
-  key's first bucket's outputs that no state aliases (build_packer): a bucket with another number of
-  them is not modelled (raises). With initialize_model_weights it shards into compiler_workdir and
-  initialises the model.
+  state initializer comes from the first key (none for a model whose buckets alias nothing); the
+  executor is torch.jit.trace'd with `example_inputs[0]` of the key added last; one output packer
+  for every key, traced from the first key's first bucket's outputs that no state aliases
+  (build_packer): a bucket with another number of them is not modelled (raises). With
+  initialize_model_weights it shards into compiler_workdir and initialises the model.
 - shard_checkpoint(serialize_path): the first key's instance, checkpoint_loader(), keys absent from
   the module's state_dict dropped (trace.py preprocess_checkpoint), tensors cast to the parameter
   dtype (cast_weights), each tensor-parallel parameter cut to chunk `rank` of its partition_dim

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from contract.media_inputs import AudioInputs
-from gemma4_port.compile.tracing import audio_encoder, example_audio, trace_quietly
+from gemma4_port.compile.encoders import example_audio, load_encoder
+from gemma4_port.compile.tracing import trace_quietly
 from gemma4_port.port.lint import check_traced
 from gemma4_port.verify.reference import load_reference
 from support.builds import started
@@ -18,7 +19,7 @@ from support.builds import started
 @pytest.fixture(scope="module")
 def tower():
     b = started("tiny-e2b", "audio")
-    return b, audio_encoder(b.audio, b.geo, b.reader), load_reference(b.ckpt).model
+    return b, load_encoder("audio", b.audio, b.geo, b.reader), load_reference(b.ckpt).model
 
 
 def _features(seconds: float, seed: int = 0) -> dict:

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from contract.media_inputs import VisionInputs
-from gemma4_port.compile.tracing import example_image, trace_quietly, vision_encoder
+from gemma4_port.compile.encoders import example_image, load_encoder
+from gemma4_port.compile.tracing import trace_quietly
 from gemma4_port.port.lint import check_traced
 from gemma4_port.verify.reference import load_reference
 from support.builds import started
@@ -18,7 +19,7 @@ from support.builds import started
 @pytest.fixture(scope="module")
 def tower():
     b = started("tiny-12b", "image")
-    return b, vision_encoder(b.vision, b.geo, b.reader), load_reference(b.ckpt).model
+    return b, load_encoder("vision", b.vision, b.geo, b.reader), load_reference(b.ckpt).model
 
 
 def _processed(b, height: int, width: int, seed: int = 0) -> dict:

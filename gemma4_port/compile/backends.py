@@ -10,9 +10,10 @@ from pathlib import Path
 from contract.dtypes import DTYPES
 from contract.hostside import HostInputs
 from gemma4_port.compile.cpu_tp import CpuTensorParallelGraphs
+from gemma4_port.compile.encoders import load_encoder
 from gemma4_port.compile.neuron import NeuronGraphs
 from gemma4_port.compile.pipeline import Build, run_pipeline, step
-from gemma4_port.compile.tracing import audio_encoder, load_drafter, trace_cpu, vision_encoder
+from gemma4_port.compile.tracing import load_drafter, trace_cpu
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.source.manifest import Manifest
 from gemma4_port.source.variant import Variant
@@ -32,8 +33,8 @@ class CpuGraphs:
             decoder.load_weights(b.reader)
             drafter = load_drafter(b, 0)
         with step(progress, f"trace {len(b.geo.buckets)} prefill graph(s) + decode, lint"):
-            vision = vision_encoder(b.vision, b.geo, b.reader)
-            audio = audio_encoder(b.audio, b.geo, b.reader)
+            vision = load_encoder("vision", b.vision, b.geo, b.reader)
+            audio = load_encoder("audio", b.audio, b.geo, b.reader)
             host = HostInputs(b.geo, b.tables)
             return trace_cpu(decoder, host, b.geo, b.out, vision=vision, audio=audio, drafter=drafter)
 

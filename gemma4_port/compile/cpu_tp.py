@@ -15,8 +15,9 @@ from pathlib import Path
 from contract.artifact import Geometry
 from contract.dtypes import DTYPES
 from contract.hostside import HostInputs
+from gemma4_port.compile.encoders import load_encoder
 from gemma4_port.compile.pipeline import Build, step
-from gemma4_port.compile.tracing import EXAMPLE_TOKEN, audio_encoder, host_tables, trace_cpu, vision_encoder
+from gemma4_port.compile.tracing import EXAMPLE_TOKEN, host_tables, trace_cpu
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.drafter import Gemma4Drafter
 from gemma4_port.port.sharding import ModelShard
@@ -47,8 +48,8 @@ class _RankTracer:
             self.drafter = Gemma4Drafter(drafter[1][rank], DTYPES[geo.dtype], all_reduce)
             self.drafter.load_weights(CheckpointReader(drafter[0]))
         self.host = HostInputs(geo, host_tables(reader, geo, rows=EXAMPLE_TOKEN + 1))
-        self.vision = vision_encoder(vision, geo, reader) if rank == 0 else None
-        self.audio = audio_encoder(audio, geo, reader) if rank == 0 else None
+        self.vision = load_encoder("vision", vision, geo, reader) if rank == 0 else None
+        self.audio = load_encoder("audio", audio, geo, reader) if rank == 0 else None
 
     def trace(self, out: Path) -> dict[str, str]:
         prefix = f"rank{self.rank}/"

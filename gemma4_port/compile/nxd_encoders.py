@@ -23,9 +23,9 @@ from torch import nn
 
 from contract.dtypes import DTYPES
 from contract.layout import ENCODER_MODEL, ENCODER_WEIGHTS, geometry_layout
-from contract.media_inputs import AudioInputs, VisionInputs
 from gemma4_port.compile.device_kv import load_buffers
-from gemma4_port.compile.tracing import CompileError, example_audio, example_image, trace_quietly
+from gemma4_port.compile.encoders import encoder_inputs
+from gemma4_port.compile.tracing import CompileError, trace_quietly
 from gemma4_port.port.audio import AudioEncoder, relative_positions
 from gemma4_port.port.lint import check_traced
 from gemma4_port.port.vision import VisionEncoder
@@ -93,14 +93,9 @@ def encoder_checkpoint(ckpt: Path, vision_config, audio_config, hidden: int, dty
 
 
 def encoder_examples(geo, vision_table: torch.Tensor | None) -> dict[str, list[tuple[torch.Tensor, ...]]]:
-    """Each encoder key's bucket example inputs, made by the builders the server uses."""
-    out: dict[str, list[tuple[torch.Tensor, ...]]] = {}
-    if geo.vision is not None:
-        inputs = VisionInputs(geo, vision_table)
-        out["vision"] = [inputs(example_image(geo, n), n) for n in geo.vision.soft_buckets]
-    if geo.audio is not None:
-        out["audio"] = [AudioInputs(geo)(example_audio(n), n) for n in geo.audio.soft_buckets]
-    return out
+    """Each encoder key's bucket example inputs."""
+    keys = geometry_layout(geo).encoder_keys
+    return {kind: [encoder_inputs(geo, vision_table, graph) for graph in graphs] for kind, graphs in keys.items()}
 
 
 def shape_key(inputs) -> str:

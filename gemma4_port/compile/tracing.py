@@ -16,7 +16,7 @@ from contract.dtypes import DTYPES
 from contract.errors import Gemma4Error
 from contract.graph_key import GraphKey, encoder_graphs, variant_graphs
 from contract.hostside import DRAFT_ORDERING, VISION_POSITIONS, HostInputs, scaled_tables
-from contract.media_inputs import AudioInputs, VisionInputs
+from gemma4_port.compile.encoders import encoder_inputs
 from gemma4_port.port.audio import AudioEncoder
 from gemma4_port.port.decoder import Gemma4Decoder
 from gemma4_port.port.drafter import ORDERING_KEY, Gemma4Drafter
@@ -52,13 +52,21 @@ def rope_inv_freq(config, kind: str, head_dim: int) -> list[float]:
     return inv.tolist()
 
 
+def _budget(variant: Variant, kind: str, tower):
+    """The variant's budget of an encoder kind ("image", "audio"), None without one; a budget on a
+    checkpoint without that tower is refused."""
+    budget = getattr(variant.media, kind) if variant.media else None
+    if budget is not None and tower is None:
+        config = "vision_config" if kind == "image" else "audio_config"
+        raise CompileError(f"variant {variant.name!r} has an {kind} budget, but the checkpoint has no {config}")
+    return budget
+
+
 def vision_geometry(vision, variant: Variant) -> VisionGeometry | None:
     """The image encoder's shapes where the variant has an image budget (and the model a tower)."""
-    budget = variant.media.image if variant.media else None
+    budget = _budget(variant, "image", vision)
     if budget is None:
         return None
-    if vision is None:
-        raise CompileError(f"variant {variant.name!r} has an image budget, but the checkpoint has no vision_config")
     return VisionGeometry(
         patch_size=vision.patch_size,
         pooling_kernel=vision.pooling_kernel_size,
@@ -72,11 +80,9 @@ def vision_geometry(vision, variant: Variant) -> VisionGeometry | None:
 
 def audio_geometry(audio, variant: Variant) -> AudioGeometry | None:
     """The audio encoder's shapes where the variant has an audio budget (and the model a tower)."""
-    budget = variant.media.audio if variant.media else None
+    budget = _budget(variant, "audio", audio)
     if budget is None:
         return None
-    if audio is None:
-        raise CompileError(f"variant {variant.name!r} has an audio budget, but the checkpoint has no audio_config")
     chunk = audio.attention_chunk_size
     if any(n % chunk for n in budget.soft_buckets):
         raise CompileError(
@@ -220,43 +226,6 @@ def example_inputs(host: HostInputs, geo: Geometry, graph: GraphKey):
     return host.decode_inputs([EXAMPLE_TOKEN] * geo.batch, [0] * geo.batch, kv, keys=keys)
 
 
-def vision_encoder(config, geo: Geometry, reader: CheckpointReader) -> VisionEncoder | None:
-    """The image encoder (config: a Gemma4VisionConfig, or None) with the checkpoint's weights."""
-    if config is None:
-        return None
-    encoder = VisionEncoder(config, geo.hidden, DTYPES[geo.dtype])
-    encoder.load_weights(reader)
-    return encoder
-
-
-def audio_encoder(config, geo: Geometry, reader: CheckpointReader) -> AudioEncoder | None:
-    """The audio encoder (config: a Gemma4AudioConfig, or None) with the checkpoint's weights."""
-    if config is None:
-        return None
-    encoder = AudioEncoder(config, geo.hidden, DTYPES[geo.dtype])
-    encoder.load_weights(reader)
-    return encoder
-
-
-def example_audio(soft_tokens: int, mel: int = 128) -> dict[str, torch.Tensor]:
-    """A feature extractor's output for a clip of `soft_tokens` soft tokens (4 frames each)."""
-    frames = 4 * soft_tokens
-    return {
-        "input_features": torch.zeros(1, frames, mel),
-        "input_features_mask": torch.ones(1, frames, dtype=torch.bool),
-    }
-
-
-def example_image(geo: Geometry, soft_tokens: int) -> dict[str, torch.Tensor]:
-    """A processor's output for an image of `soft_tokens` soft tokens in one row of cells: what a
-    vision graph is traced with (its values do not matter, its shapes do)."""
-    v = geo.vision
-    k, n = v.pooling_kernel, soft_tokens
-    xs, ys = torch.meshgrid(torch.arange(n * k), torch.arange(k), indexing="xy")
-    pos = torch.stack((xs, ys), dim=-1).reshape(1, n * k * k, 2)  # (1, P, 2)
-    return {"pixel_values": torch.full((1, n * k * k, 3 * v.patch_size**2), 0.5), "image_position_ids": pos}
-
-
 def load_drafter(b, rank: int, reduce=None, reader: CheckpointReader | None = None) -> Gemma4Drafter | None:
     """Rank `rank`'s drafter of build `b` (compile.pipeline.Build) with the checkpoint's weights;
     None without one."""
@@ -296,16 +265,13 @@ def trace_cpu(
         graphs.draft = DraftGraph(decoder, drafter).eval()
     methods = variant_graphs(geo.buckets, geo.key_buckets, geo.batch, verify=geo.verify, drafter=drafter is not None)
     examples = {str(graph): example_inputs(host, geo, graph) for graph in methods}
-    if vision is not None:
-        graphs.vision = vision.eval()
-        inputs = VisionInputs(geo, host.tables.vision_positions)
-        for graph in encoder_graphs(geo.vision.soft_buckets, ()):
-            examples[str(graph)] = inputs(example_image(geo, graph.keys), graph.keys)
-            methods += (graph,)
-    if audio is not None:
-        graphs.audio = audio.eval()
-        for graph in encoder_graphs((), geo.audio.soft_buckets):
-            examples[str(graph)] = AudioInputs(geo)(example_audio(graph.keys), graph.keys)
+    encoders = {"vision": vision, "audio": audio}
+    for kind, encoder in encoders.items():
+        if encoder is not None:
+            setattr(graphs, kind, encoder.eval())
+    for graph in encoder_graphs(*(g.soft_buckets if g else () for g in (geo.vision, geo.audio))):
+        if encoders[graph.kind] is not None:  # a tp rank other than 0 traces none
+            examples[str(graph)] = encoder_inputs(geo, host.tables.vision_positions, graph)
             methods += (graph,)
     for graph in methods:
         setattr(graphs, str(graph), getattr(graphs, graph.kind).forward)  # trace_module traces methods by name

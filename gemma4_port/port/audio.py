@@ -16,7 +16,7 @@ import math
 import torch
 from torch import nn
 
-from gemma4_port.port.decoder import WeightEntry, WeightError
+from gemma4_port.port.decoder import WeightEntry, load_mapped
 from gemma4_port.port.layers import RMSNorm
 from gemma4_port.port.vision import CLIP_BUFFERS, ClippedLinear
 
@@ -197,16 +197,8 @@ class AudioEncoder(nn.Module):
             out.append(WeightEntry(name, TOWER + key))
         return out
 
-    @torch.no_grad()
     def load_weights(self, reader) -> None:
-        tensors = dict(self.named_parameters()) | dict(self.named_buffers())
-        for e in self.weight_map():
-            src, dst = reader.get(e.key), tensors[e.name]
-            if tuple(src.shape) != tuple(dst.shape):
-                raise WeightError(
-                    f"checkpoint tensor {e.key!r} has shape {tuple(src.shape)}, {e.name} needs {tuple(dst.shape)}"
-                )
-            dst.copy_(src.to(dst.dtype))
+        load_mapped(self, reader, "audio")
 
     def forward(self, frames, valid0, valid1, blocked):
         """frames (1, F, M) mel features; valid0 (1, F), valid1 (1, F/2) 1 on real frames; blocked

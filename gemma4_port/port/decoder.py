@@ -41,6 +41,25 @@ class WeightEntry:
     stop: int = 0
 
 
+@torch.no_grad()
+def load_mapped(module: nn.Module, reader, what: str) -> None:
+    """Copy each tensor of `module.weight_map()` in (this rank's slice where an entry names one):
+    strict, every parameter and persistent buffer mapped; a missing key or shape fails by name."""
+    tensors = module.state_dict(keep_vars=True)
+    wanted = module.weight_map()
+    unmapped = set(tensors) - {e.name for e in wanted}
+    if unmapped:
+        raise WeightError(f"{what} tensors with no checkpoint key: {sorted(unmapped)}")
+    for e in wanted:
+        src = reader.get(e.key) if e.dim is None else reader.get_slice(e.key, e.dim, e.start, e.stop)
+        dst = tensors[e.name]
+        if tuple(src.shape) != tuple(dst.shape):
+            raise WeightError(
+                f"checkpoint tensor {e.key!r} has shape {tuple(src.shape)}, {e.name} needs {tuple(dst.shape)}"
+            )
+        dst.copy_(src.to(dst.dtype))
+
+
 class Gemma4Decoder(nn.Module):
     def __init__(self, m: ModelShard, dtype: torch.dtype = torch.float32, reduce=None):
         super().__init__()
@@ -100,22 +119,8 @@ class Gemma4Decoder(nn.Module):
                 ]
         return out
 
-    @torch.no_grad()
     def load_weights(self, reader) -> None:
-        """Copy each mapped tensor (this rank's slice) in; a missing key or shape fails by name."""
-        tensors = dict(self.named_parameters()) | dict(self.named_buffers())
-        wanted = self.weight_map()
-        unmapped = set(tensors) - {e.name for e in wanted}
-        if unmapped:
-            raise WeightError(f"module tensors with no checkpoint key: {sorted(unmapped)}")
-        for e in wanted:
-            src = reader.get(e.key) if e.dim is None else reader.get_slice(e.key, e.dim, e.start, e.stop)
-            dst = tensors[e.name]
-            if tuple(src.shape) != tuple(dst.shape):
-                raise WeightError(
-                    f"checkpoint tensor {e.key!r} has shape {tuple(src.shape)}, {e.name} needs {tuple(dst.shape)}"
-                )
-            dst.copy_(src.to(dst.dtype))
+        load_mapped(self, reader, "decoder")
 
     # -- graph pieces ----------------------------------------------------------------------------
 

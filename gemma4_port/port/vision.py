@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from gemma4_port.port.decoder import WeightEntry, WeightError
+from gemma4_port.port.decoder import WeightEntry, load_mapped
 from gemma4_port.port.layers import RMSNorm, attention, gelu_tanh
 
 TOWER = "vision_tower."
@@ -136,20 +136,8 @@ class VisionEncoder(nn.Module):
                     out.append(WeightEntry(f"layers.{i}.{name}.weight", f"{p}{name}.weight"))
         return out
 
-    @torch.no_grad()
     def load_weights(self, reader) -> None:
-        tensors = dict(self.named_parameters()) | dict(self.named_buffers())
-        wanted = self.weight_map()
-        unmapped = set(tensors) - {e.name for e in wanted}
-        if unmapped:
-            raise WeightError(f"vision tensors with no checkpoint key: {sorted(unmapped)}")
-        for e in wanted:
-            src, dst = reader.get(e.key), tensors[e.name]
-            if tuple(src.shape) != tuple(dst.shape):
-                raise WeightError(
-                    f"checkpoint tensor {e.key!r} has shape {tuple(src.shape)}, {e.name} needs {tuple(dst.shape)}"
-                )
-            dst.copy_(src.to(dst.dtype))
+        load_mapped(self, reader, "vision")
 
     def forward(self, patches, positions, rope, mask, pool):
         """patches (1, P, 3p^2) in [0, 1]; positions (1, P, W) the 2-D position embeddings (0 for

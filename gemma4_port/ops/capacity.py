@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 from contract.dtypes import DTYPES
+from contract.graph_key import encoder_graphs
 from contract.layout import NeuronLayout, neuron_layout
 from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.source.configs import audio_config_for, drafter_config_for, text_config_for, vision_config_for
@@ -96,7 +97,7 @@ class Footprint:
     host_tables: int  # word embedding + PLE tables at the variant dtype: the slim server's load
     host_rope: int  # and the rotary rows of every position up to kv_max
     whole_weights: int  # the whole decoder at the variant dtype: the compile holds it, a host prefill runs it
-    encoder_weights: int = 0  # the image encoder at the variant dtype, replicated on every core
+    encoder_weights: int = 0  # the image and audio encoders at the variant dtype: a tp-1 model on rank 0's core
     encoder_transient: int = 0  # its largest graph's working set (float32 scores and inputs)
     encoder_table: int = 0  # its host table (the tower's 2-D position embeddings)
     drafter_weights: int = 0  # the whole speculative drafter (its rank's share is in rank_weights)
@@ -133,9 +134,9 @@ class Footprint:
 
     @property
     def load_peak(self) -> int:
-        """Every rank's weight file is read into host memory before initialize() copies it to its core;
-        the neffs (graphs/nxd_model.pt, its size known after the compile) come on top."""
-        return self.serve + self.layout.tp * self.rank_weights
+        """Every rank's weight file (and the encoders') is read into host memory before initialize() copies
+        it to its core; the neffs (graphs/nxd_model.pt, its size known after the compile) come on top."""
+        return self.serve + self.layout.tp * self.rank_weights + self.encoder_weights
 
     @property
     def compile_floor(self) -> int:
@@ -157,11 +158,15 @@ def footprint(sizes: ModelSizes, variant: Variant) -> Footprint:
     largest, scores, rows = max((sizes.transient(variant.tp, r, variant) for r in ranks), key=lambda t: t[1:])
     encoder, encoder_transient, encoder_table = sizes.encoder(variant)
     verify, drafter = sizes.speculation(variant)
-    v = variant
+    v, media = variant, variant.media
+    encoders = encoder_graphs(
+        media.image.soft_buckets if media and media.image and sizes.vision else (),
+        media.audio.soft_buckets if media and media.audio and sizes.audio else (),
+    )
     weights = [sizes.weights(v.tp, r) + (sizes.drafter_weights(v.tp, r) if drafter else 0) for r in ranks]
     return Footprint(
         variant=variant,
-        layout=neuron_layout(v.tp, v.prefill, v.buckets, v.key_buckets, v.batch, verify, drafter),
+        layout=neuron_layout(v.tp, v.prefill, v.buckets, v.key_buckets, v.batch, verify, drafter, encoders),
         rank_weights=size * max(weights),
         drafter_weights=size * (sizes.drafter_weights(1, 0) if drafter else 0),
         rank_kv=size * max(sizes.kv(variant.tp, r, variant.batch, variant.kv_max, sizes.ring(variant)) for r in ranks),

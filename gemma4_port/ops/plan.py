@@ -47,6 +47,7 @@ def describe(layout: NeuronLayout) -> str:
         + (f" + {copies} copy" if copies else "")
         + (f" + {verifies} verify" if verifies else "")
         + (f" + {drafts} draft" if drafts else "")
+        + (f" + {len(layout.encoders)} encoder" if layout.encoders else "")
     )
 
 
@@ -144,7 +145,8 @@ def notes(sizes: ModelSizes) -> str:
     return (
         "graphs: one NxD ModelBuilder model per variant, its prefill and decode buckets sharing one copy of each "
         "rank's weights per core; with host prefill the model is decode alone and the prompt is prefilled on the "
-        "host CPU; at batch > 1, + a fork's copy per key bucket (no weights).\n"
+        "host CPU; at batch > 1, + a fork's copy per key bucket (no weights); with media budgets, + an encoder model "
+        "(tp 1, on rank 0's core) of a graph per image and audio soft-token bucket.\n"
         f"Per core, neuron-monitor's categories and where each figure comes from (runtime memory: ?; model code: "
         f">= {gib(MODEL_CODE_FLOOR)}):\n{sources}\n"
         "tensors: every parameter and buffer of the rank's device graph (Gemma4Decoder of the sharding plan, "

@@ -12,7 +12,7 @@ from contract.graph_key import GraphKey
 from contract.media_inputs import AudioInputs, VisionInputs
 from gemma4_port.port.audio import AudioEncoder
 from gemma4_port.port.vision import VisionEncoder
-from gemma4_port.source.checkpoint import CheckpointReader
+from gemma4_port.source.checkpoint_files import CheckpointReader
 
 ENCODERS = {"vision": VisionEncoder, "audio": AudioEncoder}
 

@@ -29,7 +29,7 @@ from gemma4_port.compile.tracing import CompileError, trace_quietly
 from gemma4_port.port.audio import AudioEncoder, relative_positions
 from gemma4_port.port.lint import check_traced
 from gemma4_port.port.vision import VisionEncoder
-from gemma4_port.source.checkpoint import CheckpointReader
+from gemma4_port.source.checkpoint_files import CheckpointReader
 
 
 class EncoderGraph(nn.Module):

@@ -235,9 +235,10 @@ def test_plan_prints_the_tables_verdicts_and_fixes():
     assert core.pop("tp2-fp32") == "NO" and set(core.values()) == {"yes"} and "tp2-48k" in core
 
 
-def test_an_image_budget_counts_the_encoder_on_every_core_and_its_table_on_the_host(real):
-    """The vision tower (transformers' default shape, offline) replicated per core, its largest graph's
-    working set (the budget's patches) against the decoder's, and its position table on the host."""
+def test_an_image_budget_counts_the_encoder_on_rank_0s_core_and_its_table_on_the_host(real):
+    """The vision tower (transformers' default shape, offline) whole on rank 0's core (the encoder model
+    is tp 1), its largest graph's working set (the budget's patches) against the decoder's, its weights
+    in the first load, and its position table on the host."""
     from transformers import Gemma4VisionConfig
 
     from gemma4_port.source.variant import Media
@@ -245,13 +246,15 @@ def test_an_image_budget_counts_the_encoder_on_every_core_and_its_table_on_the_h
     manifest, text = real["e2b"]
     sizes = ModelSizes(text.config, Gemma4VisionConfig())
     variant = manifest.variant("512-128")
-    without = footprint(sizes, variant)
+    without = footprint(sizes, variant.model_copy(update={"media": None}))
     fp = footprint(sizes, variant.model_copy(update={"media": Media(image={"max_soft_tokens": 280})}))
     weights, transient, table = sizes.encoder(fp.variant)
     assert without.encoder_weights == 0 and fp.encoder_weights == 2 * weights
     assert 1.5e8 < weights < 1.55e8  # 16 layers at width 768 and the 768 x 1536 embedder: 0.153B elements
     assert fp.counted_core >= without.counted_core + fp.encoder_weights
     assert fp.serve == without.serve + 2 * table
+    assert fp.load_peak == without.load_peak + 2 * table + fp.encoder_weights
+    assert [str(g) for g in fp.layout.encoders] == ["vision_280"] and not without.layout.encoders
     # 2,520 patches: 12 heads x 2,520 x 512 float32 scores beside the inputs, under the decoder's chunk
     assert 4 * transient == fp.encoder_transient and fp.rank_transient == max(without.rank_transient, 4 * transient)
 

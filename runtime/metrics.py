@@ -35,6 +35,13 @@ class Metrics:
             registry=r,
         )
         self.tokens = Counter("gemma4_tokens_generated", "tokens generated", registry=r)
+        self.encoder_seconds = Histogram(
+            "gemma4_encoder_seconds",
+            "one image's or audio clip's encoder graph run (part of its request's time to first token)",
+            ["kind"],
+            buckets=TTFT_BUCKETS,
+            registry=r,
+        )
         self.prefix_requests = Counter(
             "gemma4_prefix_requests",
             "requests given a slot, by whether they kept a "
@@ -79,6 +86,9 @@ class Metrics:
         """Read the live values at scrape time instead of tracking every change."""
         self.queue_depth.set_function(queue_depth)
         self.busy_slots.set_function(busy_slots)
+
+    def encoded(self, kind: str, seconds: float) -> None:
+        self.encoder_seconds.labels(kind).observe(seconds)
 
     def prefix_admitted(self, reused: int) -> None:
         """A request got its slot, keeping `reused` positions of a retained prefix (0: none)."""

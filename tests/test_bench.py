@@ -63,7 +63,7 @@ def bench(compiled, tmp_path_factory):
     work = tmp_path_factory.mktemp("bench")
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OMP_NUM_THREADS", "1")  # for the servers: tiny graphs on a busy 2-core box, ~10x faster
-        result = run_bench(b1, b1, b4, QUICK, work, Console(quiet=True))
+        result = run_bench(b1, b1, b4, QUICK, work, Console(quiet=True), image=compiled("tiny-e2b", "image"))
     png = write(result, work / "out" / "bench.json")
     return result, work / "out" / "bench.json", png
 
@@ -79,6 +79,7 @@ def test_json_has_every_section_and_round_trips(bench):
         "batching",
         "concurrency",
         "long_context",
+        "images",
         "memory",
         "targets",
         "samples",
@@ -99,6 +100,19 @@ def test_json_has_every_section_and_round_trips(bench):
         assert rounds["batch"] == batch
         assert rounds["step_ms"]["n"] == QUICK.batching_rounds * (QUICK.max_tokens - 1)
         assert rounds["prefill_ms"]["n"] == QUICK.batching_rounds
+
+
+def test_image_prompts_split_the_encoder_from_prefill_and_hit_the_cache_on_a_repeat(bench):
+    """A new image ran the encoder once per round (the bench refuses otherwise) for a part of its
+    time to first token; the same image again ran it never and reused its prompt but the last position."""
+    images = bench[0]["images"]
+    new, same = images["new_image"], images["same_image"]
+    assert images["max_soft_tokens"] == 70 and images["prompt_tokens"] > 70
+    assert new["ttft_ms"]["n"] == new["encoder_ms"]["n"] == same["ttft_ms"]["n"] == QUICK.long_rounds
+    assert 0 < new["encoder_ms"]["p50"] < new["ttft_ms"]["p50"]
+    assert math.isclose(new["rest_ms"]["p50"], new["ttft_ms"]["p50"] - new["encoder_ms"]["p50"])  # one round
+    assert same["encoder_runs"] == 0 and same["reused_positions"]["min"] == images["prompt_tokens"] - 1
+    assert math.isclose(images["ttft_new_over_same"], new["ttft_ms"]["p50"] / same["ttft_ms"]["p50"])
 
 
 def test_ratios_are_computed_from_the_measured_numbers(bench):

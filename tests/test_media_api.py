@@ -108,6 +108,11 @@ def reused(engine) -> float:
     return engine.metrics.registry.get_sample_value("gemma4_prefix_tokens_reused_total")
 
 
+def encoder_runs(engine) -> float:
+    """The image encoder runs /metrics counted (gemma4_encoder_seconds{kind="image"})."""
+    return engine.metrics.registry.get_sample_value("gemma4_encoder_seconds_count", {"kind": "image"}) or 0.0
+
+
 def test_greedy_with_an_image_equals_transformers(engine, reference):
     oai, as_bytes = client(engine), token_bytes(engine)
     ids, tokens = reference("What is this?", PHOTO)
@@ -136,14 +141,15 @@ def test_a_repeated_image_keeps_its_kv_and_only_the_same_bytes_do(engine, refere
     image_end = first.index(engine.tokenizer.image_token_id) + 63
 
     ids, tokens = reference("Describe it.", PHOTO)  # the same prompt again: all but its last position kept
-    before = reused(engine)
+    before, runs = reused(engine), encoder_runs(engine)
     assert server_tokens(oai, engine, ask("Describe it.", data_url(PHOTO)))[0] == [as_bytes(t) for t in tokens]
-    assert reused(engine) - before > image_end
+    assert reused(engine) - before > image_end and encoder_runs(engine) == runs  # not encoded again
 
     ids, tokens = reference("Describe it.", OTHER)
     before = reused(engine)
     assert server_tokens(oai, engine, ask("Describe it.", data_url(OTHER)))[0] == [as_bytes(t) for t in tokens]
     assert reused(engine) - before == ids.index(engine.tokenizer.image_token_id)  # up to the image, none of it
+    assert encoder_runs(engine) == runs + 1
 
 
 def test_the_responses_api_takes_input_image(engine):

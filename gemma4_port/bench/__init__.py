@@ -5,8 +5,9 @@ One run measures, on this machine and in this order: our compiled graphs against
 what batch 4 can buy over batch 1 on this backend before any server work (batching), the real
 servers of a batch-1 and a batch-4 artifact, side by side, under 1..8 concurrent streams
 (concurrency), long prompts (a reused prefix's time to first token, and the running streams' gaps
-while long prompts arrive, chunked or whole: longctx), and the memory of each way of loading the
-model (memory). Ratios come from numbers
+while long prompts arrive, chunked or whole: longctx), image prompts on an artifact with an image
+budget (a new image's time to first token and its encoder's share, a repeated image's cache hit:
+media), and the memory of each way of loading the model (memory). Ratios come from numbers
 measured side by side; targets.py turns them into PASS/MISS verdicts, report.py into tables, JSON and a plot."""
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from gemma4_port.bench import (
     constrained,
     host_overhead,
     longctx,
+    media,
     memory,
     report,
     targets,
@@ -114,8 +116,10 @@ def _variant(manifest: Manifest, batch: int, like: Variant) -> Variant:
     return found[0]
 
 
-def artifacts(folder: Path | None, scale: str, work: Path, console: Console) -> tuple[Path, Path, Path]:
-    """(measured artifact, batch-1 artifact, batch-4 artifact), compiling what is not given."""
+def artifacts(folder: Path | None, scale: str, work: Path, console: Console) -> tuple[Path, Path, Path, Path | None]:
+    """(measured artifact, batch-1 artifact, batch-4 artifact, an artifact with an image budget: the
+    measured one if it has one, else the manifest's first tp-1 variant with one, None if none has),
+    compiling what is not given."""
     if folder is None:
         manifest = load_manifest(SCALE_MANIFEST[scale])
         folder = _compile(manifest, manifest.variants[0], work, "cpu", console)
@@ -128,7 +132,12 @@ def artifacts(folder: Path | None, scale: str, work: Path, console: Console) -> 
             return folder
         return _compile(manifest, _variant(manifest, batch, variant), work, meta.backend, console)
 
-    return folder, with_batch(1), with_batch(4)
+    images = [v for v in manifest.variants if v.tp == 1 and v.media is not None and v.media.image is not None]
+    if meta.geometry.vision is not None:
+        image: Path | None = folder
+    else:
+        image = _compile(manifest, images[0], work, meta.backend, console) if images else None
+    return folder, with_batch(1), with_batch(4), image
 
 
 def in_child(fn, *args):
@@ -195,7 +204,16 @@ def _serve(paths: dict[str, Path], settings: Settings, logs: Path, console: Cons
     return out, gaps
 
 
-def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, console: Console | None = None) -> dict:
+def run_bench(
+    folder: Path,
+    b1: Path,
+    b4: Path,
+    settings: Settings,
+    work: Path,
+    console: Console | None = None,
+    image: Path | None = None,
+) -> dict:
+    """Every measurement in turn; `image`: an artifact with an image budget (None: no image prompts)."""
     console = console or Console()
     meta = load_meta(folder)
     if not Path(meta.checkpoint).is_dir():
@@ -242,6 +260,13 @@ def run_bench(folder: Path, b1: Path, b4: Path, settings: Settings, work: Path, 
     result["long_context"] = longctx.measure(
         b1, b4, work / "logs" / "long", settings.long_rounds, settings.ready_timeout_s
     )
+    if image is not None:
+        console.log(f"images: a new image and the same again, {settings.long_rounds} rounds on {image}")
+        result["images"] = media.measure(
+            image, work / "logs" / "images", settings.long_rounds, settings.ready_timeout_s
+        )
+    else:
+        console.log("images: skipped, no variant of this manifest has an image budget")
     console.log("memory: a process that loads the checkpoint with transformers")
     b1_meta = load_meta(b1)
     mem = memory.measure(b1, b1_meta)
@@ -274,8 +299,8 @@ def bench_main(args) -> int:
     json_out = Path(args.json_out or f"artifacts/bench-{settings.scale}.json")
     with tempfile.TemporaryDirectory(prefix="gemma4-bench-") as tmp:
         work = Path(tmp)
-        folder, b1, b4 = artifacts(Path(args.dir) if args.dir else None, settings.scale, work, console)
-        result = run_bench(folder, b1, b4, settings, work, console)
+        folder, b1, b4, image = artifacts(Path(args.dir) if args.dir else None, settings.scale, work, console)
+        result = run_bench(folder, b1, b4, settings, work, console, image)
     png = report.write(result, json_out)
     report.print_report(result, console)
     console.print(f"wrote {json_out} and {png}")

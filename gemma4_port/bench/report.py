@@ -171,6 +171,28 @@ def print_report(result: dict, console: Console | None = None) -> None:
         )
         console.print(t)
 
+    images = result.get("images")
+    if images:
+        new, same = images["new_image"], images["same_image"]
+        t = Table(
+            title=f"Image prompts ({images['prompt_tokens']} prompt tokens, an image of {images['max_soft_tokens']} "
+            f"soft tokens at most): a new image vs the same again (its KV kept); {images['rounds']} rounds"
+        )
+        for col in ("request", "TTFT p50 ms", "TTFT p99 ms", "encoder p50 ms", "rest p50 ms", "reused positions"):
+            t.add_column(col, justify="right")
+        t.add_row(
+            "new image",
+            _f(new["ttft_ms"]["p50"], 2),
+            _f(new["ttft_ms"]["p99"], 2),
+            _f(new["encoder_ms"]["p50"], 2),
+            _f(new["rest_ms"]["p50"], 2),
+            "",
+        )
+        reused = f"{same['reused_positions']['p50']:g} ({same['encoder_runs']} encoder runs)"
+        t.add_row("same image", _f(same["ttft_ms"]["p50"], 2), _f(same["ttft_ms"]["p99"], 2), "", "", reused)
+        t.add_row("ratio", f"{images['ttft_new_over_same']:.2f}x", "", "", "", "")
+        console.print(t)
+
     mem = result["memory"]
     t = Table(
         title=f"Memory, MB (host tables {_f(mem['host_tables_mb'])}, graph files {_f(mem['graph_files_mb'])}, "

@@ -177,7 +177,7 @@ class Engine:
 
     def _run(self) -> None:
         try:
-            model = self._model = load_artifact(self.settings.artifact)
+            model = self._model = load_artifact(self.settings.artifact, on_encode=self.metrics.encoded)
             geo = model.meta.geometry
             self._grammars = LazyGrammarCompiler(
                 model.tokenizer, geo.vocab, model.meta.eos_token_ids, self.settings.grammar_limits

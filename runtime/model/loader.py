@@ -3,6 +3,7 @@ and `build.py verify` all come here."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from contract.media_inputs import AudioInputs, VisionInputs
 from contract.tokenizer import check_vocab, load_tokenizer
 from runtime.model.backend import Backend
 from runtime.model.runner import ModelRunner
+from runtime.model.timed import TimedEncoders
 
 
 class SelfTestFailed(Gemma4Error, RuntimeError):
@@ -66,7 +68,10 @@ def make_backend(folder: Path, meta: ArtifactMeta) -> Backend:
     return NeuronBackend(folder, meta)
 
 
-def load_artifact(folder: str | Path, check_sha256: bool = True) -> LoadedModel:
+def load_artifact(
+    folder: str | Path, check_sha256: bool = True, on_encode: Callable[[str, float], None] | None = None
+) -> LoadedModel:
+    """The artifact's model ready to run; `on_encode(kind, seconds)` is told of every encoder run."""
     folder = Path(folder)
     meta = load_meta(folder)
     if check_sha256:
@@ -80,5 +85,8 @@ def load_artifact(folder: str | Path, check_sha256: bool = True) -> LoadedModel:
     vision = VisionInputs(geo, tables.vision_positions) if tables.vision_positions is not None else None
     audio = AudioInputs(geo) if geo.audio is not None else None
     host = HostInputs(geo, tables)
-    runner = ModelRunner(geo, host, make_backend(folder, meta), vision, audio, draft_order=tables.draft_order)
+    backend = make_backend(folder, meta)
+    if on_encode is not None and (vision is not None or audio is not None):
+        backend = TimedEncoders(backend, on_encode)
+    runner = ModelRunner(geo, host, backend, vision, audio, draft_order=tables.draft_order)
     return LoadedModel(folder, meta, tokenizer, runner)

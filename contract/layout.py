@@ -10,7 +10,9 @@ length, no weights) that copies a slot's KV into another for a fork. With specul
 `verify` key (verify_<N>_<T>) and, with a drafter, a `draft` key whose drafter weights every key
 holds (ModelBuilder shards the checkpoint by the first key's module). With `prefill: host` the model
 is the decode and copy keys alone; the prompt runs through a CPU prefill of the whole model whose
-KV the host writes into the state, split per rank as HOST_KV says.
+KV the host writes into the state, split per rank as HOST_KV says. With media budgets the image and
+audio encoders are a second ModelBuilder model (ENCODER_MODEL): tp 1, no state, on rank 0's core, a
+`vision` and an `audio` key with a bucket per soft-token bucket.
 """
 
 from __future__ import annotations

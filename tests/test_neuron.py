@@ -221,3 +221,26 @@ def test_compile_for_neuron_without_the_sdk_stops_at_once_naming_the_package(tmp
     assert len(lines) == 1 and "Traceback" not in result.stderr
     assert "torch_neuronx" in lines[0] and "torch-neuronx==2.8.0.2.12.22436" in lines[0] and "not installed" in lines[0]
     assert not out.exists()  # nothing was done before the check
+
+
+def test_two_buckets_of_one_model_with_the_same_input_shapes_are_refused():
+    """ModelBuilder's router keys a call by its inputs' shapes; a second bucket of the same shapes would
+    silently take the first one's calls."""
+    from gemma4_port.compile.nxd_encoders import check_routable
+
+    a, b = (torch.zeros(1, 8), torch.zeros(1, 1, 8)), (torch.zeros(1, 8), torch.zeros(1, 1, 4))
+    check_routable({"vision": [a, b]}, {"vision": ["vision_35", "vision_70"]})  # distinct: no error
+    with pytest.raises(CompileError, match="vision_70 and audio_24 of one Neuron model take inputs of the same"):
+        check_routable({"vision": [a, b], "audio": [b]}, {"vision": ["vision_35", "vision_70"], "audio": ["audio_24"]})
+
+
+def test_an_image_and_audio_variant_has_an_encoder_model_of_a_key_per_kind():
+    from gemma4_port.compile.neuron import NeuronGraphs
+
+    manifest = load_manifest(MANIFESTS / "tiny-e2b.yaml")
+    layout = NeuronGraphs(manifest, manifest.variant("media-tp2")).layout
+    assert {k: [str(g) for g in v] for k, v in layout.encoder_keys.items()} == {
+        "vision": ["vision_35", "vision_70"],
+        "audio": ["audio_24", "audio_48"],
+    }
+    assert all(g.kind not in ("vision", "audio") for g in layout.device_graphs)  # not keys of the decoder's model

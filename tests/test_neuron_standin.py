@@ -211,3 +211,50 @@ def test_the_override_resolves_as_nxds_hardware_enum_does(tmp_path, override, me
     # the compiler still gets the graph's own --target (model_builder.py:608).
     seen = run_python(PLATFORM, tmp_path / override, NEURON_PLATFORM_TARGET_OVERRIDE=override)
     assert seen == {"hardware": member, "target": "inf2"}
+
+
+STATELESS = r"""
+import torch
+from torch import nn
+from neuronx_distributed.trace.model_builder import ModelBuilder
+
+class Scale(nn.Module):
+    def __init__(self, factor):
+        super().__init__()
+        self.w = nn.Parameter(torch.full((4,), float(factor)), requires_grad=False)
+
+    def forward(self, x):
+        return (x * self.w,)
+
+class Instance:  # an encoder's: no state, no aliases
+    def __init__(self, factor):
+        self.factor = factor
+
+    def load_module(self):
+        self.module = Scale(self.factor)
+
+    def get(self, bucket, **_):
+        return self.module, {}
+
+out = sys.argv[1]
+builder = ModelBuilder(None, 1, lambda: {"w": torch.full((4,), 2.0)}, compiler_workdir=out + "/work")
+builder.add("first", Instance(2), [(torch.ones(3, 4),)])
+builder.add("same_shapes", Instance(2), [(torch.ones(3, 4),), (torch.ones(5, 4),)])
+model = builder.trace(initialize_model_weights=False)
+weights = builder.shard_checkpoint()
+placeholder = sorted(model.nxd_model.state[0])
+model.nxd_model.initialize(weights, torch.tensor([0], dtype=torch.int32))
+report({"routes": {k: list(v) for k, v in model.nxd_model.input_shape_map.items()},
+        "state_before": placeholder, "state_after": sorted(model.nxd_model.state[0]),
+        "out": model.nxd_model.forward([torch.ones(5, 4)])[0].tolist()[0]})
+"""
+
+
+def test_a_model_without_state_keeps_its_placeholder_state_and_a_later_bucket_of_the_same_shapes_wins(tmp_path):
+    """model_builder.py build_state_initializer gives None when no input is state, and spmd.py then never
+    replaces the placeholder; build_nxd_model fills input_shape_map in key order, so the same shapes
+    route to the bucket added last (the compile refuses that: nxd_encoders.check_routable)."""
+    seen = run_python(STATELESS, tmp_path, NEURON_PLATFORM_TARGET_OVERRIDE="trn1")
+    assert seen["routes"] == {"[[3, 4]]": ["same_shapes", 0], "[[5, 4]]": ["same_shapes", 1]}
+    assert seen["state_before"] == seen["state_after"] == ["__neuronprivatetensor__"]
+    assert seen["out"] == [2.0] * 4

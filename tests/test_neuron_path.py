@@ -10,7 +10,7 @@ import openai
 import pytest
 import yaml
 
-from contract.layout import NXD_MODEL, NXD_WEIGHTS
+from contract.layout import ENCODER_MODEL, ENCODER_WEIGHTS, NXD_MODEL, NXD_WEIGHTS
 from gemma4_port.bench.server import Server
 from gemma4_port.source.manifest import load_manifest, shipped_manifests
 from gemma4_port.source.manifest_yaml import ManifestError
@@ -66,8 +66,13 @@ def test_every_layout_compiles_through_model_builder_and_verifies(neuron_artifac
         "2.23.6484.0",
         "0.17.26814",
     }
+    if media:  # a model of their own: its graph file and rank 0's weights, none per other rank
+        assert ENCODER_MODEL in meta["files"] and ENCODER_WEIGHTS.format(rank=0) in meta["files"]
+        assert [p for p in meta["files"] if p.startswith("encoder_weights/")] == [ENCODER_WEIGHTS.format(rank=0)]
     done = run_cli("verify", folder, "--quick")
     assert done.returncode == 0 and re.search(r"\d+ passed, 0 failed", done.stdout), done.stdout + done.stderr
+    if media:  # the rows that run the encoders, against Gemma4ForConditionalGeneration
+        assert all(f"{row} " in done.stdout for row in ("image:one", "image:two", "audio:one", "audio:beside-image"))
 
 
 FIRST_PROMPT = r"""
@@ -172,6 +177,42 @@ def test_serve_answers_on_the_stand_in(neuron_artifact, tmp_path):
             model=server.model, prompt="hello world", max_tokens=4, temperature=0
         )
     assert reply.choices[0].text and reply.usage.completion_tokens == 4
+
+
+@pytest.mark.slow
+def test_serve_answers_an_image_and_a_clip_on_the_stand_in_at_tp2(neuron_artifact, tmp_path):
+    """The server runs the encoder model (rank 0's core) beside the tp 2 decoder's: an image and a clip
+    through the openai client are encoded once each (gemma4_encoder_seconds) and answered."""
+    import base64
+    import io
+    import urllib.request
+    import wave
+
+    import numpy as np
+    from PIL import Image
+
+    folder, _ = neuron_artifact("tp2-media")
+    image = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (45, 61, 3), dtype=np.uint8)).save(image, format="PNG")
+    clip = io.BytesIO()
+    with wave.open(clip, "wb") as w:  # 1 s of a 440 Hz tone at 16 kHz: 25 soft tokens
+        w.setnchannels(1), w.setsampwidth(2), w.setframerate(16000)
+        w.writeframes((np.sin(np.arange(16000) * 2 * np.pi * 440 / 16000) * 8000).astype("<i2").tobytes())
+    url = "data:image/png;base64," + base64.b64encode(image.getvalue()).decode()
+    audio = {"data": base64.b64encode(clip.getvalue()).decode(), "format": "wav"}
+    content = [
+        {"type": "text", "text": "What is this?"},
+        {"type": "image_url", "image_url": {"url": url}},
+        {"type": "input_audio", "input_audio": audio},
+    ]
+    with Server(folder, tmp_path / "logs", ready_timeout_s=300, env=sdk_env()) as server:
+        reply = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none").chat.completions.create(
+            model=server.model, messages=[{"role": "user", "content": content}], max_tokens=4, temperature=0
+        )
+        metrics = urllib.request.urlopen(f"{server.url}/metrics", timeout=30).read().decode()
+    assert reply.usage.completion_tokens == 4 and reply.usage.prompt_tokens > 63 + 25
+    counts = dict(re.findall(r'gemma4_encoder_seconds_count\{kind="(\w+)"\} (\S+)', metrics))
+    assert {k: float(v) for k, v in counts.items()} == {"image": 1.0, "audio": 1.0}
 
 
 # -- the sources and the pins ----------------------------------------------------------------------

@@ -17,6 +17,7 @@ import pytest
 import requests
 
 from gemma4_port.bench.server import free_port
+from gemma4_port.images.registry import MANIFEST_TYPES
 from support import MANIFESTS, ROOT
 from support.docker_env import docker_engine, registry  # noqa: F401 (fixtures)
 
@@ -24,7 +25,6 @@ pytestmark = pytest.mark.docker
 
 MANIFEST = MANIFESTS / "tiny-e2b.yaml"
 REPO = "gemma4-inf2/tiny-e2b"
-MANIFEST_TYPES = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
 
 
 def images_cli(cwd: Path, *args: str, env: dict | None = None, timeout: float = 900) -> subprocess.CompletedProcess:

@@ -1,1 +1,1 @@
-"""Images from a manifest: the plan and its Dockerfiles (pure), then the one module that drives Docker."""
+"""Images from a manifest: the plan and its Dockerfiles (pure), then the one module that drives the Docker engine."""

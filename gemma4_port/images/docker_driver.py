@@ -1,5 +1,6 @@
-"""The only module that talks to Docker (the docker SDK, classic builder): make the local OS image,
-build with streamed logs, smoke-test a server image, push with per-layer progress.
+"""The only module that talks to the Docker engine (the docker SDK, classic builder): make the local OS image
+(from os_rootfs's Debian tarball), build with streamed logs, smoke-test a server image, push with per-layer
+progress (the bytes sent, from what the registry says of the layers).
 
 Every daemon or registry failure comes back as one `ImageError` line naming the step that failed.
 """
@@ -8,10 +9,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -23,13 +21,11 @@ from docker.errors import APIError, ContainerError, DockerException, ImageNotFou
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn
 
+from gemma4_port.images.os_rootfs import debian_rootfs
+from gemma4_port.images.registry import layer_sizes
 from gemma4_port.images.spec import DEFAULT_OS_IMAGE, ImageError, ImageSpec
 
-DEBIAN_MIRROR = "http://deb.debian.org/debian"
-# Debian's Python must be inside the OS image: builds have no network to apt-get it later.
-DEBOOTSTRAP_INCLUDE = ("python3", "python3-venv", "ca-certificates")
 OS_PYTHON = sys.version_info[:2]  # the wheelhouse is made by this interpreter's pip, for its own version
-MANIFEST_TYPES = "application/vnd.docker.distribution.manifest.v2+json, application/vnd.oci.image.manifest.v1+json"
 
 
 @dataclass(frozen=True)
@@ -95,7 +91,7 @@ class Driver:
                         f"prepare OS image: {tag} is not in the Docker engine and this machine cannot "
                         f"pull it; load it first or leave --base-image at {DEFAULT_OS_IMAGE['cpu']}"
                     ) from None
-                tarball = self._debootstrap(cache)
+                tarball = debian_rootfs(cache, self.console)
                 repository, _, version = tag.partition(":")
                 with self.console.status(f"importing {tarball.name} as {tag}"):
                     self.client.api.import_image_from_file(
@@ -130,46 +126,6 @@ class Driver:
             raise
         got = out.decode().strip()
         return None if got == want else f"has Python {got}, not {want}"
-
-    def _debootstrap(self, cache: Path) -> Path:
-        """A minimal Debian bookworm root filesystem as a tarball, made once and cached."""
-        tarball = cache / "debian-bookworm-minbase.tar"
-        if tarball.is_file():
-            return tarball
-        if shutil.which("debootstrap") is None:
-            raise ImageError("prepare OS image: debootstrap is not installed (apt-get install debootstrap)")
-        cache.mkdir(parents=True, exist_ok=True)
-        root = Path(tempfile.mkdtemp(prefix="rootfs.", dir=cache))
-        try:
-            with self.console.status("debootstrap bookworm (minbase + python3), once; ~1-2 min"):
-                run = subprocess.run(
-                    [
-                        "debootstrap",
-                        "--variant=minbase",
-                        f"--include={','.join(DEBOOTSTRAP_INCLUDE)}",
-                        "bookworm",
-                        str(root),
-                        DEBIAN_MIRROR,
-                    ],
-                    capture_output=True,
-                    text=True,
-                )
-            if run.returncode:
-                last = (run.stdout + run.stderr).strip().splitlines()[-1:] or ["no output"]
-                raise ImageError(f"prepare OS image: debootstrap failed: {last[0]}")
-            for leftover in ("var/cache/apt/archives", "var/lib/apt/lists"):  # ~100 MB the image does not need
-                for f in (root / leftover).glob("*"):
-                    if f.is_file():
-                        f.unlink()
-            partial = tarball.with_suffix(".partial")
-            subprocess.run(
-                ["tar", "--numeric-owner", "--one-file-system", "-C", str(root), "-cf", str(partial), "."], check=True
-            )
-            partial.rename(tarball)
-        finally:
-            subprocess.run(["umount", "-R", str(root / "proc"), str(root / "sys")], capture_output=True)
-            shutil.rmtree(root, ignore_errors=True)
-        return tarball
 
     # --------------------------------------------------------------------------------------- build
 
@@ -293,22 +249,13 @@ class Driver:
         return Pushed(spec.ref, digest, len(uploaded), len(status) - len(uploaded), nbytes, time.monotonic() - start)
 
     def _uploaded_bytes(self, spec: ImageSpec, digest: str, uploaded: set[str]) -> int | None:
-        """Compressed size of the uploaded layers: the registry's manifest lists the blobs in the order
-        of the image's diff ids, and the push events name layers by their short diff id."""
-        registry, _, name = spec.repository.partition("/")
-        if "." not in registry and ":" not in registry:
-            return None  # Docker Hub: the manifest needs a token; the layer counts still tell the story
-        scheme = "http" if registry.startswith(("127.", "localhost")) else "https"
-        try:
-            manifest = requests.get(
-                f"{scheme}://{registry}/v2/{name}/manifests/{digest}", headers={"Accept": MANIFEST_TYPES}, timeout=30
-            )
-            manifest.raise_for_status()
-        except requests.RequestException:
+        """Compressed size of the uploaded layers: the registry lists the blobs in the order of the
+        image's diff ids, and the push events name layers by their short diff id."""
+        sizes = layer_sizes(spec.repository, digest)
+        if sizes is None:
             return None
         diff_ids = self.client.images.get(spec.ref).attrs["RootFS"]["Layers"]
-        blobs = manifest.json()["layers"]
-        return sum(blob["size"] for diff_id, blob in zip(diff_ids, blobs) if diff_id[7:19] in uploaded)
+        return sum(size for diff_id, size in zip(diff_ids, sizes) if diff_id[7:19] in uploaded)
 
     def repo_digest(self, spec: ImageSpec) -> str | None:
         """The registry digest of an image pushed before (what a slim image is FROM), if any."""

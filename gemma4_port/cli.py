@@ -71,7 +71,7 @@ def _train_tiny(args) -> int:
 
 
 def _bench(args) -> int:
-    from gemma4_port.bench import bench_main
+    from gemma4_port.bench.run import bench_main
 
     return bench_main(args)
 

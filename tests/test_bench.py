@@ -12,10 +12,12 @@ import pytest
 import torch
 from rich.console import Console
 
-import gemma4_port.bench as bench_module
-from gemma4_port.bench import Settings, in_child, run_bench, server_env, speculative_server
+from gemma4_port.bench import side_by_side, speculative_server
 from gemma4_port.bench.report import print_report, write
+from gemma4_port.bench.run import in_child, run_bench
 from gemma4_port.bench.server import imported_modules
+from gemma4_port.bench.settings import BenchSettings
+from gemma4_port.bench.side_by_side import serve_side_by_side, server_env
 from gemma4_port.bench.speculative_report import (
     METHODS,
     PREDICTED,
@@ -41,7 +43,7 @@ from gemma4_port.source.train_tiny import SHIPPED
 from support import MANIFESTS
 from support.artifact_copies import with_backend
 
-QUICK = Settings(
+QUICK = BenchSettings(
     "tiny",
     new_tokens=4,
     repeats=1,
@@ -206,7 +208,7 @@ def test_on_inf2_the_two_servers_take_a_neuroncore_each(compiled, tmp_path, monk
     }
     started = []
 
-    class Recorded(bench_module.Server):
+    class Recorded(side_by_side.Server):
         def start(self):
             started.append((self.folder, self.env))
             return self
@@ -214,9 +216,9 @@ def test_on_inf2_the_two_servers_take_a_neuroncore_each(compiled, tmp_path, monk
         def wait_ready(self):
             raise RuntimeError("recorded")
 
-    monkeypatch.setattr(bench_module, "Server", Recorded)
+    monkeypatch.setattr(side_by_side, "Server", Recorded)
     with pytest.raises(RuntimeError, match="recorded"):
-        bench_module._serve(folders, QUICK, tmp_path / "logs", Console(quiet=True))
+        serve_side_by_side(folders, QUICK, tmp_path / "logs", Console(quiet=True))
     assert started == [
         (folders["b1"], {"NEURON_RT_VISIBLE_CORES": "0"}),
         (folders["b4"], {"NEURON_RT_VISIBLE_CORES": "1"}),

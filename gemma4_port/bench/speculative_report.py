@@ -130,11 +130,29 @@ def _f(x: float, spec: str) -> str:
     return "-" if x != x else format(x, spec)  # NaN (nothing proposed) as a dash
 
 
+def _speed_table(title: str, lead: tuple[str, str], ms_column: str) -> Table:
+    """A table of each workload's speed per method or side: the columns both speed tables share."""
+    table = Table(title=title)
+    for col in (*lead, "tokens/target step", "acceptance", "tok/s", ms_column, "chunk gap p50 ms"):
+        table.add_column(col)
+    return table
+
+
+def _speed_cells(r: dict, ms: float, gap_p50: float) -> list[str]:
+    return [
+        _f(r["tokens_per_target_step"], ".2f"),
+        _f(r["acceptance"], ".2f"),
+        _f(r["tok_s"], ".1f"),
+        _f(ms, ".1f"),
+        _f(gap_p50, ".1f"),
+    ]
+
+
 def print_report(result: dict, console: Console) -> None:
     m = result["measured"]
-    table = Table(title=f"tiny-chat with transformers, k = {m['k']} (side by side, one run)")
-    for col in ("workload", "method", "tokens/target step", "acceptance", "tok/s", "ms/token", "chunk gap p50 ms"):
-        table.add_column(col)
+    table = _speed_table(
+        f"tiny-chat with transformers, k = {m['k']} (side by side, one run)", ("workload", "method"), "ms/token"
+    )
     table.add_column("= greedy")
     for name, rows in m["workloads"].items():
         for method in METHODS:
@@ -142,11 +160,7 @@ def print_report(result: dict, console: Console) -> None:
             table.add_row(
                 name,
                 method,
-                _f(r["tokens_per_target_step"], ".2f"),
-                _f(r["acceptance"], ".2f"),
-                _f(r["tok_s"], ".1f"),
-                _f(r["ms_per_token"], ".1f"),
-                _f(r["chunk_gap_ms"]["p50"], ".1f"),
+                *_speed_cells(r, r["ms_per_token"], r["chunk_gap_ms"]["p50"]),
                 "-" if r["equals_greedy"] is None else ("yes" if r["equals_greedy"] else "NO"),
             )
     console.print(table)
@@ -176,21 +190,15 @@ def print_report(result: dict, console: Console) -> None:
 
 
 def served_table(served: dict, console: Console) -> None:
-    table = Table(title="tiny-chat on our server (cpu), with and without speculation (disable_spec_decode)")
-    for col in ("workload, method", "side", "tokens/target step", "acceptance", "tok/s", "ITL ms", "chunk gap p50 ms"):
-        table.add_column(col)
+    table = _speed_table(
+        "tiny-chat on our server (cpu), with and without speculation (disable_spec_decode)",
+        ("workload, method", "side"),
+        "ITL ms",
+    )
     for name, sides in served.items():
         for label in ("without", "with"):
             r = sides[label]
-            table.add_row(
-                name,
-                label,
-                _f(r["tokens_per_target_step"], ".2f"),
-                _f(r["acceptance"], ".2f"),
-                _f(r["tok_s"], ".1f"),
-                _f(r["itl_ms"], ".1f"),
-                _f(r["chunk_gap_ms_p50"], ".1f"),
-            )
+            table.add_row(name, label, *_speed_cells(r, r["itl_ms"], r["chunk_gap_ms_p50"]))
     console.print(table)
 
 

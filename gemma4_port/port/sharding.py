@@ -71,6 +71,12 @@ def _kinds(config) -> list[str]:
     return ["full" if t == "full_attention" else "sliding" for t in config.layer_types]
 
 
+def _kv_stores(kinds: list[str], owners) -> dict[str, int]:
+    """The layer a kv-shared layer of each attention kind reads (the "store"): the last of the cache-owning
+    layers `owners` of that kind. The target's shared layers read it, and so do all of a drafter's."""
+    return {kinds[j]: j for j in owners}
+
+
 def shard_model(config, tp: int = 1, rank: int = 0) -> ModelShard:
     """The shard of `config` (a Gemma4TextConfig) that rank `rank` of `tp` holds."""
     if tp < 1 or not 0 <= rank < tp:
@@ -84,9 +90,9 @@ def shard_model(config, tp: int = 1, rank: int = 0) -> ModelShard:
     for i in range(first_shared):
         cache_of_layer[i] = len(cache_layers)
         cache_layers.append(i)
-    # A kv-shared layer reads the last non-shared layer of its own attention type (the "store").
+    stores = _kv_stores(kinds, range(first_shared))
     for i in range(first_shared, n):
-        owner = max(j for j in range(first_shared) if kinds[j] == kinds[i])
+        owner = stores[kinds[i]]
         assert modes[owner] == "store", (i, owner, modes)
         cache_of_layer[i] = cache_of_layer[owner]
 
@@ -192,14 +198,13 @@ def shard_drafter(config, target: ModelShard) -> DrafterShard:
         )
     if text.vocab_size != target.vocab:
         raise ShardingError(f"the drafter's vocabulary ({text.vocab_size}) is not the target's ({target.vocab})")
-    # The store layer of each kind: the last target layer of that kind that owns a cache.
-    store = {target.layers[i].kind: target.layers[i] for i in target.cache_layers}
+    stores = _kv_stores([layer.kind for layer in target.layers], target.cache_layers)
     nq = text.num_attention_heads
     if nq % tp:
         raise ShardingError(f"the drafter's {nq} query heads cannot be split over tp={tp}")
     layers = []
     for i, kind in enumerate(_kinds(text)):
-        lc, owner = text.per_layer_config[i], store.get(kind)
+        lc, owner = text.per_layer_config[i], target.layers[stores[kind]] if kind in stores else None
         if owner is None or (lc.head_dim, lc.num_key_value_heads) != (owner.head_dim, owner.kv_heads_total):
             raise ShardingError(
                 f"drafter layer {i} ({kind}, {lc.num_key_value_heads} KV heads of {lc.head_dim}) has no target "

@@ -68,7 +68,11 @@ class Variant(Frozen):
         min_length=1, description="cache lengths the decode and prefill graphs attend over; default (kv_max,)"
     )
     dtype: Literal["float32", "bfloat16"] = "bfloat16"
-    prefill: Literal["device", "host"] = "device"
+    prefill: Literal["device", "host"] = Field(
+        "device",
+        description="where a prompt's chunks run on inf2: device (the prefill graphs on the NeuronCores) or host (a "
+        "CPU graph of the whole model writes the KV; the cores hold decode alone)",
+    )
     media: Media | None = Field(None, description="soft-token budgets of a multimodal model's encoders")
 
     @model_validator(mode="before")

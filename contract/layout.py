@@ -129,31 +129,45 @@ class NeuronPlacementError(ArtifactError):
 
 def visible_cores(env=os.environ) -> tuple[int, ...] | None:
     """The absolute NeuronCore ids this process owns, from NEURON_RT_VISIBLE_CORES as the runtime
-    reads it ("0", "0,1", "4-5"; set by the user or for the cores a device plugin allocated); None
-    when unset: the runtime then takes every core of the machine."""
+    reads it (set by the user, or for the cores a device plugin allocated); None when unset: the
+    runtime then takes every core of the machine.
+
+    The runtime takes core ids and inclusive ranges, comma-separated, that together make one run of
+    consecutive cores in increasing order ("0-1", "0,1", "4-5", "3-5,6"); a gap ("1,3") or a step
+    back ("1,0") is refused at its start (aws-neuron-sdk v2.28.0 neuron-runtime/nrt-developer-guide.rst
+    :1051-1054). NxD then puts rank r on the r-th of them (neuronx-distributed v2.28.0
+    trace/spmd.py:124-129, `privateuseone:{rank}`), so a tp 2 process is given two consecutive cores.
+    """
     raw = env.get("NEURON_RT_VISIBLE_CORES", "").strip()
     if not raw:
         return None
+    allowed = "one run of consecutive cores in increasing order, like 0, 0-1, 0,1 or 2-3"
     cores: list[int] = []
     for part in raw.split(","):
         first, _, last = part.strip().partition("-")
         if not first.isdigit() or not (last or first).isdigit() or int(last or first) < int(first):
             raise NeuronPlacementError(
-                f"NEURON_RT_VISIBLE_CORES={raw!r}: {part!r} is not a core id or a range like 0, 0,1 or 4-5"
+                f"NEURON_RT_VISIBLE_CORES={raw!r}: {part!r} is not a core id or a range; give {allowed}"
             )
         cores += range(int(first), int(last or first) + 1)
+    if cores != list(range(cores[0], cores[0] + len(cores))):
+        raise NeuronPlacementError(
+            f"NEURON_RT_VISIBLE_CORES={raw!r} names cores {cores}: the runtime needs contiguous cores, {allowed}"
+        )
     return tuple(cores)
 
 
 def rank_cores(tp: int, env=os.environ) -> tuple[int, ...] | None:
     """The cores rank 0 .. tp-1 run on: the first `tp` the process sees (NxD puts rank r's state on
-    the r-th visible core, spmd.py StateInitializer). Refuses a process that sees fewer than `tp`."""
+    the r-th visible core, spmd.py StateInitializer). Refuses a process that sees fewer than `tp`;
+    more run, but the runtime reserves every visible core for the process, used or not
+    (nrt-configurable-parameters.rst, note 5)."""
     cores = visible_cores(env)
     if cores is None:
         return None
     if len(cores) < tp:
         raise NeuronPlacementError(
             f"this artifact has {tp} ranks, one per NeuronCore, but NEURON_RT_VISIBLE_CORES="
-            f"{env['NEURON_RT_VISIBLE_CORES']} gives the process {len(cores)}: give it {tp} cores"
+            f"{env['NEURON_RT_VISIBLE_CORES']} gives the process {len(cores)}: give it {tp} cores, like 0-{tp - 1}"
         )
     return cores[:tp]

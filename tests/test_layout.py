@@ -40,9 +40,14 @@ def test_layouts_are_model_builder_keys_prefill_first():
 def test_core_ids_come_from_the_environment():
     assert visible_cores({}) is None
     assert visible_cores({"NEURON_RT_VISIBLE_CORES": "4-5"}) == (4, 5)
-    assert visible_cores({"NEURON_RT_VISIBLE_CORES": "1,3"}) == (1, 3)
+    # the runtime's forms: ids and ranges making one increasing run of cores
+    assert visible_cores({"NEURON_RT_VISIBLE_CORES": "0,1"}) == visible_cores({"NEURON_RT_VISIBLE_CORES": "0-1"})
+    assert visible_cores({"NEURON_RT_VISIBLE_CORES": "3-5,6"}) == (3, 4, 5, 6)
+    for gapped in ("1,3", "1,0", "0-1,1", "0,2-3"):
+        with pytest.raises(NeuronPlacementError, match="the runtime needs contiguous cores, one run of consecutive"):
+            visible_cores({"NEURON_RT_VISIBLE_CORES": gapped})
     assert rank_cores(2, {"NEURON_RT_VISIBLE_CORES": "2-3"}) == (2, 3)
-    with pytest.raises(NeuronPlacementError, match="gives the process 1: give it 2 cores"):
+    with pytest.raises(NeuronPlacementError, match="gives the process 1: give it 2 cores, like 0-1"):
         rank_cores(2, {"NEURON_RT_VISIBLE_CORES": "1"})
     with pytest.raises(NeuronPlacementError, match="not a core id or a range"):
         visible_cores({"NEURON_RT_VISIBLE_CORES": "nc0"})

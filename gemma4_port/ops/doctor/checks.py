@@ -103,7 +103,7 @@ def usable_cores(m: Machine) -> tuple[list[int] | None, str]:
         return None, "neuron-ls gave no device list"
     try:
         visible = visible_cores(m.env)
-    except NeuronPlacementError as exc:  # the variable does not parse
+    except NeuronPlacementError as exc:  # the variable does not parse, or names a gap the runtime refuses
         return None, str(exc)
     cores = []
     for d in m.neuron_ls:
@@ -111,10 +111,6 @@ def usable_cores(m: Machine) -> tuple[list[int] | None, str]:
         count = d.get("nc_count", 0)
         listed = ids if isinstance(ids, list) else list(range(count if isinstance(count, int) else 0))
         cores += [c for c in listed if isinstance(c, int)]
-    if visible and list(visible) != list(range(visible[0], visible[0] + len(visible))):
-        # "0,1" and "0-1" are both the runtime's forms; a gap is not (aws-neuron-sdk v2.28.0
-        # neuron-runtime/nrt-developer-guide.rst:1053-1054)
-        return None, f"NEURON_RT_VISIBLE_CORES={m.env['NEURON_RT_VISIBLE_CORES']}: the runtime needs contiguous cores"
     return [c for c in cores if visible is None or c in visible], ""
 
 

@@ -13,7 +13,8 @@ Sources (aws-neuron/neuronx-distributed at tag v2.28.0 unless named otherwise):
 - src/neuronx_distributed/parallel_layers/mappings.py `_reduce`: an all-reduce SUM over the tensor
   parallel group, skipped when the group has one rank.
 - aws-neuron-sdk frameworks/torch/torch-neuronx/programming-guide/inference/core-placement.rst:
-  NEURON_RT_VISIBLE_CORES names the cores a process owns ("0", "0,1", "4-5").
+  NEURON_RT_VISIBLE_CORES names the cores a process owns ("0", "0,1", "4-5"); neuron-runtime/
+  nrt-developer-guide.rst:1051-1054: one contiguous increasing run, a gap is refused.
 - NxD Inference at its SDK 2.28 release (models/application_base.py:326, :414) loads a ModelBuilder
   model with a plain torch.jit.load and places it by the start rank of initialize(); so does the
   server, and torch_neuronx.neuron_cores_context (for torch_neuronx.trace models) is not modelled.
@@ -44,6 +45,9 @@ def visible_cores() -> list[int]:
     for part in raw.split(","):
         first, _, last = part.partition("-")
         cores += range(int(first), int(last or first) + 1)
+    if cores != list(range(cores[0], cores[0] + len(cores))):
+        # the runtime refuses a gap or a step back (nrt-developer-guide.rst:1053-1054)
+        raise RuntimeError(f"NEURON_RT_VISIBLE_CORES={raw}: the cores must be contiguous, in increasing order")
     bad = [c for c in cores if not 0 <= c < MACHINE_CORES]
     if bad:
         raise RuntimeError(

@@ -101,6 +101,8 @@ def test_copy_alias_writes_the_target_slot_and_the_copy_key_holds_no_weights():
     old = [p.clone() for p in module.kv]
     out = module(*host.copy_inputs(3, 1, 20, 32))
     assert sorted(module.aliases().values()) == list(range(1, len(out)))  # output 0 only for NxD's packer
+    # output 0 is computed, not an input handed back: the positions written into each slot
+    assert out[0].tolist() == [0, 20, 0, 0]
     assert [n for n, _ in module.named_parameters()] == [f"kv.{i}" for i in range(len(geo.kv_shapes))]
     check_copied(old, [out[module.aliases()[p]] for p in module.kv], geo.kv_kinds, 3, 1, 20)
 

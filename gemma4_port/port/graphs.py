@@ -112,10 +112,15 @@ class DraftGraph(_FlatGraph):
 
 
 class CopyGraph(nn.Module):
-    """A fork's KV copy (kv.copy_slot). No weights: it holds only the KV tensors' kinds. Its first
-    output is the target one-hot, passed through: NxD builds one output packer for every key of a model
-    from the first key's outputs besides the aliased state (model_builder.py build_packer), and those
-    are one tensor, the logits."""
+    """A fork's KV copy (kv.copy_slot). No weights: it holds only the KV tensors' kinds. NxD builds one
+    output packer for every key of a model from the first key's outputs besides the aliased state
+    (neuronx-distributed v2.28.0 trace/model_builder.py:1019-1036, build_packer), one tensor here, so
+    the copy has one output of its own too: per slot, how many global positions it wrote (the target's
+    count of held positions, 0 elsewhere). It is computed on the device, as every NxD Inference graph's
+    first output is (NxD Inference at its SDK 2.28 release, models/model_base.py:1056-1064: the logits
+    or tokens, then the KV), rather than an input handed back: whether neuronx-cc keeps a parameter
+    as a graph output is nowhere in the public sources, and the lowering prunes what no output
+    computes from (model_base.py:1048-1054 keeps inputs alive with `res + active_block_table[0] * 0`)."""
 
     graph = "copy"
 
@@ -127,4 +132,6 @@ class CopyGraph(nn.Module):
     def forward(self, *args):
         a = bind(self.names, self.graph, args)
         kv = [a[n] for n in self.names if n.startswith("kv")]
-        return (a["target"], *copy_slot(a["source"], a["target"], a["held"], kv, self.kinds))
+        B, T = a["target"].shape[0], a["held"].shape[0]
+        written = (a["target"].view(B, 1) * a["held"].view(1, T)).sum(dim=1)  # (B,)
+        return (written, *copy_slot(a["source"], a["target"], a["held"], kv, self.kinds))

@@ -23,7 +23,7 @@ test-fast: | $(VENV)/python  ## every test that needs neither Docker nor inf2 (n
 	$(VENV)/python -m pytest -m "not neuron and not docker" --durations=15 $(ARGS)
 
 test-docker:  ## the image and registry tests alone
-	bash scripts/test.sh -m docker $(ARGS)
+	TORCH28_LANE=0 bash scripts/test.sh -m docker $(ARGS)
 
 lint: | $(VENV)/python  ## the fast lane: ruff check, ruff format --check, mypy
 	bash scripts/lint.sh
@@ -34,5 +34,5 @@ fmt: | $(VENV)/python  ## format and fix what ruff can fix
 
 check: lint test-fast  ## lint, then the Docker-free tests
 
-test-torch28: | $(VENV)/python  ## the port and Neuron stand-in tests on torch 2.8 (its own cached venv)
+test-torch28: | $(VENV)/python  ## the torch 2.8 lane: port, verify, stand-in and server tests (its own cached venv)
 	bash scripts/torch28.sh $(ARGS)

@@ -210,7 +210,12 @@ def test_compile_gets_only_the_swap_its_counted_floor_needs(real):
     batch, _ = plan(real, "e2b", "b4")  # the copy key holds no weights
     assert batch.compile_floor == PROCESS_BYTES + 3 * batch.rank_weights + batch.whole_weights
     e2b, _ = real["e2b"]
-    assert compile_swap_gib(e2b, e2b.variant("512-128"), host_gib=XLARGE.host_gib) == 2
+    alone = e2b.model_copy(update={"speculative": None})  # the target's keys alone
+    assert compile_swap_gib(alone, e2b.variant("512-128"), host_gib=XLARGE.host_gib) == 2
+    # The shipped manifest's drafter: the verify and draft keys are weighted too (4 rank modules, then the cut)
+    spec = footprint(model_sizes(e2b), e2b.variant("512-128"))
+    assert spec.compile_floor == PROCESS_BYTES + 5 * spec.rank_weights + spec.whole_weights
+    assert compile_swap_gib(e2b, e2b.variant("512-128"), host_gib=XLARGE.host_gib) == 16
     # ModelBuilder's thread pool: min(32, cpus + 4) compiles at once (model_builder.py:710)
     assert (compile_threads(XLARGE), compile_threads(X8LARGE)) == (8, 32)
 

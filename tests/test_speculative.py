@@ -153,3 +153,29 @@ def test_the_compiled_artifact_verifies_and_drafts_as_the_untraced_graphs(compil
     finally:
         runner.free(2)
         model.close()
+
+
+@pytest.mark.parametrize("name", ["gemma-4-e2b", "gemma-4-e4b", "gemma-4-12b"])
+def test_the_shipped_manifests_name_their_hub_drafters_and_their_assumed_shapes_plan(name):
+    """Offline, with no weights: each names Google's assistant with a revision; its assumed config is a
+    valid Gemma4AssistantConfig for the target (every layer kv-shared, reading a target cache of its own
+    head shape, on every rank of each variant it applies to), and `plan` counts its weights and graphs."""
+    from gemma4_port.ops.capacity import footprint, model_sizes
+    from gemma4_port.port.sharding import shard_drafter
+    from gemma4_port.source.configs import drafter_config_for
+
+    manifest = load_manifest(MANIFESTS / f"{name}.yaml")
+    spec = manifest.speculative
+    assert spec.drafter == manifest.model.source + "-assistant" and spec.revision and spec.k == 3
+    config = drafter_config_for(manifest)
+    config.validate_architecture()
+    assert config.text_config.num_kv_shared_layers == config.text_config.num_hidden_layers == 4
+    assert config.use_ordered_embeddings == (name == "gemma-4-12b")
+    sizes = model_sizes(manifest)
+    variants = [v for v in manifest.variants if spec.applies_to(v.name)]
+    assert variants
+    for v in variants:
+        for rank in range(v.tp):
+            assert shard_drafter(config, sizes.shard(v.tp, rank)).backbone == sizes.shard(1, 0).hidden
+        fp = footprint(sizes, v)
+        assert fp.fits_core and fp.drafter_weights > 0 and {"verify", "draft"} <= set(fp.layout.keys)

@@ -1,6 +1,7 @@
 """The text config of a manifest's model without its weights: planning and sharding need shapes
 only. Random models carry their config; hub models have their config.json fetched alone, or, with
-no network, the published shapes of the three real checkpoints below."""
+no network, the published shapes of the three real checkpoints below (and their assistants' assumed
+ones: ASSUMED_DRAFTER_CONFIGS)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,42 @@ KNOWN_TEXT_CONFIGS: dict[str, dict] = {
 }
 
 
+def _assistant(target: str, ordered: bool) -> dict:
+    """An assistant's Gemma4AssistantConfig fields as assumed for `target` (see ASSUMED_DRAFTER_CONFIGS)."""
+    t = KNOWN_TEXT_CONFIGS[target]
+    text = {
+        key: t[key]
+        for key in ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+        + ("head_dim", "global_head_dim", "sliding_window", "final_logit_softcapping", "hidden_activation")
+        + tuple(k for k in ("num_global_key_value_heads", "attention_k_eq_v") if k in t)  # the 12B's 1 global KV head
+    }
+    layers = t["layer_types"][-4:]  # the target's last four: sliding ones, then a full one
+    text |= dict(
+        num_hidden_layers=4,
+        layer_types=layers,
+        num_kv_shared_layers=4,
+        vocab_size_per_layer_input=0,
+        hidden_size_per_layer_input=0,
+        use_double_wide_mlp=False,
+        tie_word_embeddings=True,
+    )
+    return dict(backbone_hidden_size=t["hidden_size"], use_ordered_embeddings=ordered, text_config=text)
+
+
+# The hub assistants' shapes as ASSUMED here, for `plan` and the manifest checks with no network (a
+# compile reads the real config.json): transformers 5.24's Gemma4AssistantConfig rules (every layer
+# kv-shared, no PLE, a single-wide MLP, backbone_hidden_size = the target's width, 2,048 centroids of
+# which 32 are kept) with 4 layers shaped as the target's last four (the kv-shared layers read the
+# target's caches, so their head shapes must be the target's). The E2B and E4B assistants with the
+# tied head, the 12B's (Gemma4UnifiedAssistantConfig) with the centroid-masked ordered head. Their
+# real widths, layer count, head and weights are known only from their checkpoints.
+ASSUMED_DRAFTER_CONFIGS: dict[str, dict] = {
+    "google/gemma-4-E2B-it-assistant": _assistant("google/gemma-4-E2B-it", ordered=False),
+    "google/gemma-4-E4B-it-assistant": _assistant("google/gemma-4-E4B-it", ordered=False),
+    "google/gemma-4-12B-it-assistant": _assistant("google/gemma-4-12B-it", ordered=True),
+}
+
+
 def vision_config_for(manifest: Manifest, offline: bool = True):
     """The vision tower's Gemma4VisionConfig, or None for a random model without one. The published
     checkpoints' towers, offline, take transformers' default Gemma4VisionConfig (16 layers at width
@@ -113,9 +150,9 @@ def text_config_for(manifest: Manifest, offline: bool = True):
     return read_text_config(resolve_checkpoint(manifest))
 
 
-def drafter_config_for(manifest: Manifest):
+def drafter_config_for(manifest: Manifest, offline: bool = True):
     """The Gemma4AssistantConfig of the manifest's speculative drafter, reading no weights (a hub
-    drafter's config.json alone is fetched); None without one."""
+    drafter's config.json alone is fetched; offline, a shipped one's assumed shapes); None without one."""
     spec = manifest.speculative
     if spec is None or not spec.has_drafter:
         return None
@@ -123,6 +160,8 @@ def drafter_config_for(manifest: Manifest):
 
     if spec.random is not None:
         return Gemma4AssistantConfig(**spec.random.assistant_fields(text_config_for(manifest).hidden_size))
+    if spec.drafter in ASSUMED_DRAFTER_CONFIGS and offline:
+        return Gemma4AssistantConfig(**ASSUMED_DRAFTER_CONFIGS[spec.drafter])
     from pathlib import Path
 
     from gemma4_port.source.checkpoint_files import CheckpointError, read_drafter_config

@@ -258,31 +258,41 @@ class HostInputs:
         return self._assemble("verify", values, kv)
 
     def draft_inputs(
-        self, tokens: list[int | None], hidden: torch.Tensor, positions: list[int], kv=(), keys: int | None = None
+        self,
+        tokens: list[int | None],
+        hidden: torch.Tensor,
+        positions: Sequence[int | None],
+        kv=(),
+        keys: int | None = None,
+        at: dict[str, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, ...]:
         """One drafter step per slot: slot b's input is cat(word embedding of tokens[b], hidden[b])
         (B, 1, 2H), at rotary position positions[b] (the position of the token, not yet in the cache),
-        attending to the target's cache before it. rows_<kind> (B, 2, T): the mask row of position
-        positions[b] - 1, then the one-hot of one key more that the assistant sees: its sliding window
-        is inclusive (transformers' bidirectional overlay, distance <= window), so it reaches one
-        position further back than the target's (a global row has none). `None` marks an idle slot."""
+        attending to the target's cache before it (draft_positions; `at`: its result, which every step
+        of a round shares, as they all sit at one position). `None` marks an idle slot."""
+        h, _ = self.embed([[t or 0] for t in tokens])  # (B, 1, H)
+        if at is None:
+            at = self.draft_positions([p if t is not None else None for t, p in zip(tokens, positions)], keys)
+        values = {"hidden": torch.cat((h, hidden.to(self.dtype).view(h.shape)), dim=-1), **at}  # (B, 1, 2H)
+        return self._assemble("draft", values, kv)
+
+    def draft_positions(self, positions: list[int | None], keys: int | None = None) -> dict[str, torch.Tensor]:
+        """A drafter step's rotary rows and masks for slots at `positions` (None: idle): rope (B, 1, 2D per
+        kind); rows_<kind> (B, 2, T), the mask row of position p - 1, then the one-hot of one key more
+        that the assistant sees: its sliding window is inclusive (transformers' bidirectional overlay,
+        distance <= window), so it reaches one position further back than the target's (a global row
+        has none)."""
         T = keys or self.geo.kv_max
         if self.geo.drafter is None:
             raise ValueError("this artifact has no drafter (its manifest's `speculative` names none)")
         if T not in self.geo.key_buckets:
             raise ValueError(f"{T} is not one of the key buckets {self.geo.key_buckets}")
-        h, _ = self.embed([[t or 0] for t in tokens])  # (B, 1, H)
-        seen = [p - 1 if t is not None else None for t, p in zip(tokens, positions)]
+        seen = [p - 1 if p is not None else None for p in positions]
         W = self.geo.sliding_window
         rows, further = self._rows(seen, T), self._rows([q - W if q is not None and q >= W else None for q in seen], T)
         for kind in self.spans:
             rows[f"rows_{kind}"][:, 1] = further[f"rows_{kind}"][:, 1] if kind == "sliding" else 0
-        values = {
-            "hidden": torch.cat((h, hidden.to(self.dtype).view(h.shape)), dim=-1),  # (B, 1, 2H)
-            "rope": self._gather(self.rope_bits, [[p if t is not None else 0] for t, p in zip(tokens, positions)]),
-            **rows,
-        }  # rope (B, 1, 2D per kind); rows_<kind> (B, 2, T)
-        return self._assemble("draft", values, kv)
+        return {"rope": self._gather(self.rope_bits, [[p or 0] for p in positions]), **rows}
 
     def copy_inputs(self, source: int, target: int, keep: int, keys: int, kv=()) -> tuple[torch.Tensor, ...]:
         """A fork: slot `target` takes slot `source`'s KV of positions 0 .. keep-1, for the copy graph

@@ -12,6 +12,9 @@ from runtime.model.slot_steps import SlotSteps
 
 class SpeculativeSteps(SlotSteps):
     draft_order: torch.Tensor | None  # a centroid head's logits back in token order (ModelRunner's)
+    # The draft steps of a round all sit at one position per slot: ((positions, key bucket), their
+    # rows and rope), built at a round's first step and reused by the rest.
+    _round: tuple[tuple[list[int | None], int], dict[str, torch.Tensor]] | None = None
 
     @property
     def verify_max(self) -> int:
@@ -71,15 +74,18 @@ class SpeculativeSteps(SlotSteps):
         if self.geo.drafter is None:
             raise RuntimeError("this artifact has no drafter (its manifest's `speculative` names none)")
         row: list[int | None] = [None] * self.geo.batch
-        hidden = torch.zeros(self.geo.batch, self.geo.hidden, dtype=self.host.dtype)
         for slot, tok in tokens.items():
-            s = self._decoding(slot, 1)
-            if s.hidden is None:
+            if self._decoding(slot, 1).hidden is None:
                 raise RuntimeError(f"slot {slot} has no hidden state to draft from")
-            row[slot], hidden[slot] = tok, s.hidden
-        positions = [s.position for s in self.slots]
-        keys = self.keys_for(max(self.slots[slot].position - 1 for slot in tokens))
-        logits, out = self._split(self.backend.draft(keys, self.host.draft_inputs(row, hidden, positions, keys=keys)))
+            row[slot] = tok
+        idle = torch.zeros(self.geo.hidden, dtype=self.host.dtype)
+        hidden = torch.stack([s.hidden if t is not None else idle for s, t in zip(self.slots, row)])  # (B, H)
+        at = [s.position if t is not None else None for s, t in zip(self.slots, row)]
+        keys = self.keys_for(max(p for p in at if p is not None) - 1)
+        if self._round is None or self._round[0] != (at, keys):  # a new round: its position's rows and rope
+            self._round = ((at, keys), self.host.draft_positions(at, keys))
+        inputs = self.host.draft_inputs(row, hidden, at, keys=keys, at=self._round[1])
+        logits, out = self._split(self.backend.draft(keys, inputs))
         if self.draft_order is not None:
             logits = logits.index_select(-1, self.draft_order)
         for slot in tokens:

@@ -25,7 +25,7 @@ HOST_TABLES = "host/tables.safetensors"
 # The checkpoint's own preprocessing settings, saved by the build, read by the server: transformers'
 # image processor (save_pretrained) and audio feature extractor, each in its folder of the artifact.
 IMAGE_PROCESSOR = "processor"
-AUDIO_PROCESSOR = "audio_processor"  # a random checkpoint keeps its feature extractor under this name too
+AUDIO_PROCESSOR = "audio_processor"  # apart from the image processor: both save a preprocessor_config.json
 
 
 class ArtifactError(Gemma4Error, RuntimeError):

@@ -3,8 +3,10 @@ import json
 import pytest
 import torch
 from safetensors import safe_open
+from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-from contract.artifact import AUDIO_PROCESSOR, sha256
+from contract.artifact import sha256
 from contract.tokenizer import load_tokenizer
 from gemma4_port.source.checkpoint import resolve_checkpoint
 from gemma4_port.source.checkpoint_files import MULTIMODAL_PREFIX, CheckpointError, CheckpointReader, read_text_config
@@ -40,7 +42,10 @@ def test_random_checkpoint_has_the_hub_layout():
     towers = ("model.vision_tower.", "model.embed_vision.", "model.audio_tower.", "model.embed_audio.")
     assert all(k.startswith((MULTIMODAL_PREFIX, *towers)) for k in keys)
     assert "model.audio_tower.layers.0.self_attn.relative_k_proj.weight" in keys
-    assert (folder / AUDIO_PROCESSOR / "preprocessor_config.json").is_file()
+    # The processors' settings as a hub checkpoint holds them, each read from the folder by its own class.
+    image, audio = Gemma4ImageProcessorPil.from_pretrained(folder), Gemma4AudioFeatureExtractor.from_pretrained(folder)
+    assert image.patch_size == config["vision_config"]["patch_size"]
+    assert audio.to_json_string() == Gemma4AudioFeatureExtractor().to_json_string()
     assert f"{MULTIMODAL_PREFIX}layers.0.layer_scalar" in keys  # buffers are in the checkpoint
     assert "model.vision_tower.std_scale" in keys and "model.embed_vision.embedding_projection.weight" in keys
     # The tiny vocabulary holds the media markers and placeholders, and the tokenizer names them so.

@@ -291,7 +291,7 @@ def hearing_reference(hearing):
     checkpoint's own feature extractor, the placeholder expanded by Gemma4Processor's own rule."""
     tok, checkpoint = hearing.tokenizer, Path(hearing.model.meta.checkpoint)
     model = load_reference(checkpoint)
-    extractor = Gemma4AudioFeatureExtractor.from_pretrained(str(checkpoint / AUDIO_PROCESSOR))
+    extractor = Gemma4AudioFeatureExtractor.from_pretrained(str(checkpoint))
 
     def run(text: str, wave: np.ndarray) -> tuple[list[int], list[int]]:
         parts = [{"type": "text", "text": text}, {"type": "audio"}]

@@ -214,7 +214,7 @@ def _prepare(dest: Path, ckpt: Path, geo: Geometry) -> Path:
     if geo.audio:  # the server extracts features with the checkpoint's own feature extractor settings
         from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
 
-        Gemma4AudioFeatureExtractor.from_pretrained(str(ckpt / AUDIO_PROCESSOR)).save_pretrained(out / AUDIO_PROCESSOR)
+        Gemma4AudioFeatureExtractor.from_pretrained(str(ckpt)).save_pretrained(out / AUDIO_PROCESSOR)
     if geo.vision:  # the server preprocesses with the checkpoint's own image processor settings
         from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 

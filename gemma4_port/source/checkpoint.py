@@ -17,7 +17,7 @@ from gemma4_port.source.toy_tokenizer import TEMPLATE_FILE
 
 # Part of a random checkpoint's cache key: bump it when the writer's output changes, so that a cache
 # made by an older writer (e.g. one with Gemma-3's chat tokens) is never reused.
-RANDOM_FORMAT = "3"  # 3: vision / audio towers and their processors when the manifest gives their configs
+RANDOM_FORMAT = "4"  # 3: vision / audio towers and their processors; 4: the processors in one processor_config.json
 
 
 def cache_root() -> Path:

@@ -3,11 +3,11 @@ test models), or a trained model's, with its config, processors, generation conf
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 
-from contract.artifact import AUDIO_PROCESSOR
 from gemma4_port.source.checkpoint_files import MULTIMODAL_PREFIX, TEXT_PREFIX
 from gemma4_port.source.model_sources import RandomDrafter, RandomModel
 from gemma4_port.source.toy_tokenizer import EOS_ID, TOOL_RESPONSE, TURN_END, save_tokenizer, train_tokenizer
@@ -136,17 +136,7 @@ def write_checkpoint(model, tok, folder: Path, dtype: torch.dtype | None = None)
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     full.architectures = ["Gemma4ForConditionalGeneration"]
     full.save_pretrained(folder)
-    if full.vision_config is not None:
-        from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
-
-        vision = full.vision_config
-        Gemma4ImageProcessorPil(
-            patch_size=vision.patch_size, pooling_kernel_size=vision.pooling_kernel_size
-        ).save_pretrained(folder)
-    if full.audio_config is not None:  # beside the image processor's preprocessor_config.json (same name)
-        from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
-
-        Gemma4AudioFeatureExtractor().save_pretrained(folder / AUDIO_PROCESSOR)
+    _save_processors(folder, full)
     # A reply ends at <turn|>, and a tool call at <|tool_response> (the caller runs the tool).
     GenerationConfig(
         bos_token_id=text.bos_token_id,
@@ -155,6 +145,26 @@ def write_checkpoint(model, tok, folder: Path, dtype: torch.dtype | None = None)
         eos_token_id=[EOS_ID, *tok.convert_tokens_to_ids([TURN_END, TOOL_RESPONSE])],
     ).save_pretrained(folder)
     save_tokenizer(tok, folder)
+
+
+def _save_processors(folder: Path, full) -> None:
+    """The processors' settings as a hub checkpoint saved by transformers 5 holds them: one
+    processor_config.json with each processor's settings (its own JSON) under its attribute name, as
+    ProcessorMixin.to_dict writes it (Gemma4Processor itself cannot be built without torchvision, for its
+    video processor); transformers' `from_pretrained` of each class reads its own section from the folder."""
+    from transformers.models.gemma4.feature_extraction_gemma4 import Gemma4AudioFeatureExtractor
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    sections: dict[str, dict] = {}
+    if full.vision_config is not None:
+        vision = full.vision_config
+        image = Gemma4ImageProcessorPil(patch_size=vision.patch_size, pooling_kernel_size=vision.pooling_kernel_size)
+        sections["image_processor"] = json.loads(image.to_json_string())
+    if full.audio_config is not None:
+        sections["feature_extractor"] = json.loads(Gemma4AudioFeatureExtractor().to_json_string())
+    if sections:
+        config = {**sections, "processor_class": "Gemma4Processor"}
+        (folder / "processor_config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def media_token_ids(tok) -> dict[str, int]:

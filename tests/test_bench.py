@@ -35,9 +35,8 @@ from gemma4_port.bench.targets import (
     REUSE_TTFT_GOAL,
     SPEEDUP_GOAL,
 )
-from gemma4_port.ops.model_sizes import ModelSizes
+from gemma4_port.ops.capacity import model_sizes
 from gemma4_port.ops.speculative_gain import speculation
-from gemma4_port.source.configs import text_config_for
 from gemma4_port.source.manifest import load_manifest
 from gemma4_port.source.train_tiny import SHIPPED
 from support import MANIFESTS
@@ -283,7 +282,7 @@ def test_the_prediction_covers_every_variant_asked_for_at_the_measured_acceptanc
     assert {r["manifest"] for r in predicted} == set(SPEC_QUICK.manifests)
     for name in SPEC_QUICK.manifests:
         manifest = load_manifest(MANIFESTS / f"{name}.yaml")
-        sizes = ModelSizes(text_config_for(manifest))
+        sizes = model_sizes(manifest)
         for v in manifest.variants:
             rows = [r for r in predicted if (r["manifest"], r["variant"]) == (name, v.name)]
             assert {(r["keys"], r["method"]) for r in rows} == {

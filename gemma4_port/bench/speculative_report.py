@@ -21,9 +21,8 @@ from rich.table import Table
 
 from contract.tokenizer import load_tokenizer
 from gemma4_port.bench import speculative, speculative_server
-from gemma4_port.ops.model_sizes import ModelSizes
-from gemma4_port.ops.speculative_gain import ASSUMED_DRAFTER, speculation
-from gemma4_port.source.configs import text_config_for
+from gemma4_port.ops.capacity import model_sizes
+from gemma4_port.ops.speculative_gain import ASSUMPTIONS, speculation
 from gemma4_port.source.manifest import find_manifest, load_manifest, shipped_manifests
 from gemma4_port.source.model_sources import is_hub_id
 from gemma4_port.source.train_tiny import SHIPPED, TinyChatSpec
@@ -58,7 +57,7 @@ def predictions(measured: dict, k: int, names: tuple[str, ...] | None = None) ->
         manifest = load_manifest(path)
         if manifest.model.source is None or not is_hub_id(manifest.model.source):
             continue  # the tiny models: their step is Python overhead, no roofline says anything of them
-        sizes = ModelSizes(text_config_for(manifest))
+        sizes = model_sizes(manifest)  # with its drafter, as plan counts it
         for v in manifest.variants:
             for keys in sorted({v.key_buckets[0], v.key_buckets[-1]}):
                 for method, workload in PREDICTED.items():
@@ -122,7 +121,7 @@ def run(folder: Path, settings: SpecSettings, console: Console, work: Path) -> d
         "measured": measured,
         "served": served(works, settings, work, console) if settings.serve else None,
         "predicted": predictions(measured, settings.k, settings.manifests),
-        "assumptions": ASSUMED_DRAFTER,
+        "assumptions": ASSUMPTIONS,
     }
 
 

@@ -30,8 +30,10 @@ from gemma4_port.ops.capacity import (
 from gemma4_port.ops.fitting import fixes, kv_max_limit
 from gemma4_port.ops.model_sizes import ModelSizes
 from gemma4_port.ops.roofline import ALL_REDUCE_S, ASSUMPTIONS, break_even_all_reduce_s, roofline, rooflines
+from gemma4_port.ops.speculative_gain import ASSUMPTIONS as SPECULATION_ASSUMPTIONS
+from gemma4_port.ops.speculative_gain import break_even_acceptance, drafter_head, speculation
 from gemma4_port.port.sharding import shard_table
-from gemma4_port.source.configs import text_config_for
+from gemma4_port.source.configs import drafter_config_source, text_config_for
 from gemma4_port.source.manifest import Manifest, load_manifest
 
 SHORT = {"float32": "fp32", "bfloat16": "bf16"}
@@ -138,6 +140,31 @@ def tp_comparison(sizes: ModelSizes, fps: list[Footprint]) -> str | None:
     )
 
 
+SPECULATION_ACCEPTANCE = (0.5, 0.7)  # the acceptances the predicted gain is printed at
+
+
+def speculation_lines(manifest: Manifest, sizes: ModelSizes, fps: list[Footprint]) -> list[str]:
+    """Each variant with the manifest's drafter: its predicted per-stream gain at batch 1 over its largest
+    key bucket (ops/speculative_gain.py), and the acceptance below which the drafter does not pay."""
+    lines = []
+    for fp in fps:
+        v = fp.variant
+        if not sizes.speculation(v)[1]:
+            continue
+        k, keys = manifest.speculative.k, v.key_buckets[-1]
+        gains = [speculation(sizes, v, keys, k, a, drafter=True).gain for a in SPECULATION_ACCEPTANCE]
+        at = ", ".join(f"{g:.2f}x at acceptance {a}" for g, a in zip(gains, SPECULATION_ACCEPTANCE, strict=True))
+        verdict = "; [bold]speculation does not pay[/] at acceptance 0.5" if gains[0] < 1 else ""
+        lines.append(
+            f"speculative decoding on {v.name} (k = {k}, batch 1 over {keys} keys): {at}; the drafter pays only "
+            f"above acceptance {break_even_acceptance(sizes, v, keys, k):.2f}{verdict}"
+        )
+    if lines:
+        source = drafter_config_source(manifest)
+        lines.append(f"Drafter: {source}, {drafter_head(sizes)}; {SPECULATION_ASSUMPTIONS}.")
+    return lines
+
+
 def notes(sizes: ModelSizes) -> str:
     m = sizes.shard(1, 0)
     whole, lm_head = sizes.weights(1, 0), m.vocab * m.hidden
@@ -183,6 +210,8 @@ def render(console: Console, manifest: Manifest, sizes: ModelSizes, fps: list[Fo
     comparison = tp_comparison(sizes, fps)
     if comparison:
         console.print(comparison)
+    for line in speculation_lines(manifest, sizes, fps):
+        console.print(line)
     console.print(notes(sizes))
 
 

@@ -150,6 +150,18 @@ def text_config_for(manifest: Manifest, offline: bool = True):
     return read_text_config(resolve_checkpoint(manifest))
 
 
+def drafter_config_source(manifest: Manifest, offline: bool = True) -> str | None:
+    """Where drafter_config_for takes the drafter's config from, in words (None without a drafter)."""
+    spec = manifest.speculative
+    if spec is None or not spec.has_drafter:
+        return None
+    if spec.random is not None:
+        return "the manifest's random drafter"
+    if spec.drafter in ASSUMED_DRAFTER_CONFIGS and offline:
+        return f"{spec.drafter}, assumed shapes (source/configs.py ASSUMED_DRAFTER_CONFIGS)"
+    return f"{spec.drafter}'s config.json"
+
+
 def drafter_config_for(manifest: Manifest, offline: bool = True):
     """The Gemma4AssistantConfig of the manifest's speculative drafter, reading no weights (a hub
     drafter's config.json alone is fetched; offline, a shipped one's assumed shapes); None without one."""

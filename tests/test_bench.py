@@ -273,6 +273,7 @@ def test_the_speculative_bench_measures_every_method_side_by_side(speculative_be
                 assert row["equals_greedy"] is True
                 assert 0 <= row["accepted"] <= row["proposed"] <= SPEC_QUICK.k * row["target_passes"]
     assert "tiny-chat with transformers" in text and "predicted per-stream gain on inf2" in text
+    assert "Drafter of gemma-4-e2b: google/gemma-4-E2B-it-assistant, assumed shapes" in text and "tied head" in text
 
 
 def test_the_prediction_covers_every_variant_asked_for_at_the_measured_acceptance(speculative_bench):
@@ -292,6 +293,7 @@ def test_the_prediction_covers_every_variant_asked_for_at_the_measured_acceptanc
                 a = measured[PREDICTED[r["method"]]][r["method"]]["acceptance"]
                 s = speculation(sizes, v, r["keys"], SPEC_QUICK.k, a, drafter=r["method"] == "drafter")
                 assert r["acceptance"] == a and r["gain"] == pytest.approx(s.gain)
+                assert (r["drafter"] is not None) == (r["method"] == "drafter")
                 for ref, gain in r["gain_at"].items():
                     at = speculation(sizes, v, r["keys"], SPEC_QUICK.k, float(ref), drafter=r["method"] == "drafter")
                     assert gain == pytest.approx(at.gain)

@@ -22,7 +22,8 @@ from rich.table import Table
 from contract.tokenizer import load_tokenizer
 from gemma4_port.bench import speculative, speculative_server
 from gemma4_port.ops.capacity import model_sizes
-from gemma4_port.ops.speculative_gain import ASSUMPTIONS, speculation
+from gemma4_port.ops.speculative_gain import ASSUMPTIONS, drafter_head, speculation
+from gemma4_port.source.configs import drafter_config_source
 from gemma4_port.source.manifest import find_manifest, load_manifest, shipped_manifests
 from gemma4_port.source.model_sources import is_hub_id
 from gemma4_port.source.train_tiny import SHIPPED, TinyChatSpec
@@ -58,6 +59,7 @@ def predictions(measured: dict, k: int, names: tuple[str, ...] | None = None) ->
         if manifest.model.source is None or not is_hub_id(manifest.model.source):
             continue  # the tiny models: their step is Python overhead, no roofline says anything of them
         sizes = model_sizes(manifest)  # with its drafter, as plan counts it
+        drafter_is = f"{drafter_config_source(manifest)}, {drafter_head(sizes)}" if sizes.drafter_config else None
         for v in manifest.variants:
             for keys in sorted({v.key_buckets[0], v.key_buckets[-1]}):
                 for method, workload in PREDICTED.items():
@@ -72,6 +74,7 @@ def predictions(measured: dict, k: int, names: tuple[str, ...] | None = None) ->
                             "tp": v.tp,
                             "keys": keys,
                             "method": method,
+                            "drafter": drafter_is if drafter else None,
                             "acceptance": a,
                             "tokens_per_round": s.tokens_per_round,
                             "decode_ms": 1e3 * s.decode_s,
@@ -185,6 +188,8 @@ def print_report(result: dict, console: Console) -> None:
             *(f"{r['gain_at'][str(a)]:.2f}x" for a in REFERENCE_ACCEPTANCE),
         )
     console.print(pred)
+    for manifest, drafter in dict.fromkeys((r["manifest"], r["drafter"]) for r in result["predicted"] if r["drafter"]):
+        console.print(f"Drafter of {manifest}: {drafter}")
     console.print(f"Assumptions: {result['assumptions']}. The CPU timings are transformers' eager Python, not ours.")
 
 

@@ -100,3 +100,14 @@ def test_plan_says_where_the_drafter_does_not_pay_and_which_head_it_has():
     tp1, tp2, drafter = speculation_lines(manifest, sizes, fps)
     assert "does not pay" not in tp1 and "speculation does not pay" in tp2  # 0.94x at acceptance 0.5
     assert "google/gemma-4-E4B-it-assistant, assumed shapes" in drafter and "tied head" in drafter
+
+
+def test_a_folder_drafter_is_read_from_the_manifests_own_folder():
+    """tiny-chat names its drafter folder relative to the manifest: plan and the gain read its config.json."""
+    from gemma4_port.source.configs import drafter_config_source
+
+    manifest = load_manifest(MANIFESTS / "tiny-chat.yaml")
+    sizes = model_sizes(manifest)
+    assert drafter_config_source(manifest) == str(MANIFESTS.parent / "checkpoints/tiny-chat/drafter/config.json")
+    assert sizes.drafter_config is not None and head_rows(sizes) == sizes.shard(1, 0).vocab  # its tied head
+    assert drafter_step_bytes(sizes, manifest.variant("spec"), 512) > 4 * sizes.drafter_weights(1, 0)  # fp32

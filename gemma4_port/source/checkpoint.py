@@ -109,6 +109,13 @@ def local_folder(manifest: Manifest) -> Path | None:
     return _local_source(manifest, manifest.model.source, "model.source")
 
 
+def drafter_folder(manifest: Manifest) -> Path | None:
+    """The speculative drafter's local folder, a relative one taken from the manifest's own folder (as
+    local_folder); None for a hub id or no named drafter."""
+    spec = manifest.speculative
+    return None if spec is None else _local_source(manifest, spec.drafter, "speculative.drafter")
+
+
 def _local_source(manifest: Manifest, source: str | None, field: str) -> Path | None:
     """`source` as a local folder, a relative one taken from the manifest's own folder; None for a hub id."""
     if source is None or is_hub_id(source) and not Path(source).is_dir():

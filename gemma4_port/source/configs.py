@@ -159,7 +159,10 @@ def drafter_config_source(manifest: Manifest, offline: bool = True) -> str | Non
         return "the manifest's random drafter"
     if spec.drafter in ASSUMED_DRAFTER_CONFIGS and offline:
         return f"{spec.drafter}, assumed shapes (source/configs.py ASSUMED_DRAFTER_CONFIGS)"
-    return f"{spec.drafter}'s config.json"
+    from gemma4_port.source.checkpoint import drafter_folder
+
+    folder = drafter_folder(manifest)
+    return f"{folder / 'config.json'}" if folder is not None else f"{spec.drafter}'s config.json on the hub"
 
 
 def drafter_config_for(manifest: Manifest, offline: bool = True):
@@ -176,10 +179,11 @@ def drafter_config_for(manifest: Manifest, offline: bool = True):
         return Gemma4AssistantConfig(**ASSUMED_DRAFTER_CONFIGS[spec.drafter])
     from pathlib import Path
 
+    from gemma4_port.source.checkpoint import drafter_folder
     from gemma4_port.source.checkpoint_files import CheckpointError, read_drafter_config
 
-    folder = Path(spec.drafter).expanduser()
-    if not folder.is_dir():
+    folder = drafter_folder(manifest)  # a relative folder from the manifest's own
+    if folder is None:
         from huggingface_hub import hf_hub_download
 
         try:

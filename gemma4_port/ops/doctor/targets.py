@@ -21,7 +21,7 @@ from contract.errors import Gemma4Error
 from gemma4_port import MANIFESTS
 from gemma4_port.ops.capacity import GIB, footprint
 from gemma4_port.ops.model_sizes import ModelSizes
-from gemma4_port.source.configs import KNOWN_TEXT_CONFIGS, text_config_for
+from gemma4_port.source.configs import KNOWN_TEXT_CONFIGS, audio_config_for, text_config_for, vision_config_for
 from gemma4_port.source.manifest import Manifest, load_manifest, parse_manifest
 
 TINY = {  # layout -> (tiny manifest, variant)
@@ -75,17 +75,25 @@ def select(layouts: str | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+_CONFIG_METADATA = ("transformers_version", "model_type")  # written by transformers, not config fields
+
+
 def real_manifest(shipped: Manifest) -> Manifest:
-    """The shipped manifest's default-image variant, its model random with the published config, without
+    """The shipped manifest's default-image variant, its model random with the published configs (text and
+    the towers its media budgets need), without
     its speculative drafter (a hub checkpoint whose shapes are assumed here: the tiny manifests' drafters
     stand for the speculative layouts)."""
     if shipped.model.source not in KNOWN_TEXT_CONFIGS:
         raise DoctorError(f"{shipped.name}: {shipped.model.source} has no published config to stand in for")
     served = (shipped.images and shipped.images.variant) or shipped.variants[0].name
     data = shipped.model_dump(mode="json", exclude_none=True)
+    random: dict = {"seed": 0, "config": KNOWN_TEXT_CONFIGS[shipped.model.source]}
+    for tower, config in (("vision", vision_config_for(shipped)), ("audio", audio_config_for(shipped))):
+        if config is not None:  # the published towers too: the variant's media budgets compile their encoders
+            random[tower] = {k: v for k, v in config.to_diff_dict().items() if k not in _CONFIG_METADATA}
     data |= {
         "name": f"doctor-{shipped.name}",
-        "model": {"random": {"seed": 0, "config": KNOWN_TEXT_CONFIGS[shipped.model.source]}},
+        "model": {"random": random},
         "variants": [v for v in data["variants"] if v["name"] == served],
     }
     data.pop("images", None)
@@ -105,11 +113,16 @@ def target(name: str) -> Target:
     return Target(name, m, m.variants[0].name, True, serve=True, bench=False)
 
 
-def _parameters(config) -> int:
-    from transformers import Gemma4ForCausalLM
+def _parameters(manifest: Manifest) -> int:
+    """The random checkpoint's parameters: the text model's and its towers'."""
+    from transformers import Gemma4AudioModel, Gemma4ForCausalLM, Gemma4VisionModel
 
     with torch.device("meta"):
-        return sum(p.numel() for p in Gemma4ForCausalLM(config).parameters())
+        models = [Gemma4ForCausalLM(text_config_for(manifest))]
+        vision, audio = vision_config_for(manifest), audio_config_for(manifest)
+        models += [Gemma4VisionModel(vision)] if vision is not None else []
+        models += [Gemma4AudioModel(audio)] if audio is not None else []
+        return sum(p.numel() for m in models for p in m.parameters())
 
 
 @cache
@@ -117,7 +130,7 @@ def _host_bytes_needed(name: str) -> int:
     t = target(name)
     config = text_config_for(t.manifest)
     compile_floor = footprint(ModelSizes(config), t.manifest.variant(t.variant)).compile_floor
-    return max(8 * _parameters(config), compile_floor)
+    return max(8 * _parameters(t.manifest), compile_floor)
 
 
 def host_bytes_needed(t: Target) -> int:

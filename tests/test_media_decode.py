@@ -14,7 +14,7 @@ from PIL import Image
 from transformers.audio_utils import load_audio
 
 from runtime.api import media_decode
-from runtime.api.media_fetch import MediaError
+from runtime.model.media import MediaError
 from runtime.settings import MediaLimits
 
 

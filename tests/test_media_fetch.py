@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from runtime.api.media_fetch import MediaError, blocked, data_url, fetch
+from runtime.api.media_fetch import blocked, data_url, fetch
+from runtime.model.media import MediaError
 from runtime.settings import MediaLimits, ServerSettings, SettingsError
 from support.tls import https_server, make_certificates
 

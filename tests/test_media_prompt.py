@@ -15,9 +15,9 @@ from PIL import Image
 from transformers.models.gemma4 import Gemma4AudioFeatureExtractor, Gemma4ImageProcessorPil, Gemma4Processor
 
 from gemma4_port.source.toy_tokenizer import train_tokenizer
-from runtime.api.media_fetch import MediaError, MediaLimitError
+from runtime.api.media_fetch import MediaLimitError
 from runtime.api.media_prompt import MediaPart, MediaProcessors, check_counts, expand, prepare
-from runtime.model.media import check_media
+from runtime.model.media import MediaError, check_media
 from runtime.settings import MediaLimits
 
 

@@ -70,7 +70,7 @@ def stream_completion(
 
 
 @dataclass
-class Run:
+class StreamsPass:
     """One pass of `streams` clients: every request's outcome and the wall time of the pass."""
 
     streams: int
@@ -80,7 +80,7 @@ class Run:
 
 def drive(
     url: str, model: str, streams: int, requests_per_stream: int, max_tokens: int, timeout_s: float = 600.0
-) -> Run:
+) -> StreamsPass:
     """`streams` clients, each sending `requests_per_stream` streamed completions back to back."""
     outcomes: list[Outcome] = []
     lock = threading.Lock()
@@ -101,10 +101,10 @@ def drive(
     t0 = time.perf_counter()
     for t in threads:
         t.join()
-    return Run(streams, outcomes, time.perf_counter() - t0)
+    return StreamsPass(streams, outcomes, time.perf_counter() - t0)
 
 
-def level(runs: list[Run]) -> tuple[dict, list[float]]:
+def level(runs: list[StreamsPass]) -> tuple[dict, list[float]]:
     """Passes at one concurrency -> (one JSON row: tok/s of all of them together, and each pass's;
     the chunk gaps in ms for the histogram)."""
     outcomes = [o for run in runs for o in run.outcomes]

@@ -51,7 +51,7 @@ def serve_side_by_side(
                 "levels": [],
             }
         for n in settings.streams:
-            runs: dict[str, list[concurrency.Run]] = {label: [] for label in servers}
+            runs: dict[str, list[concurrency.StreamsPass]] = {label: [] for label in servers}
             for p in range(settings.server_passes):
                 for label in list(servers) if p % 2 == 0 else list(reversed(servers)):
                     server = servers[label]

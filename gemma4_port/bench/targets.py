@@ -20,7 +20,7 @@ REUSE_TTFT_GOAL, CHUNKED_P99_GOAL = 1.5, 1.2
 
 
 @dataclass(frozen=True)
-class Target:
+class Goal:
     name: str
     value: float | bool
     goal: str
@@ -38,12 +38,12 @@ def batching_ratio(concurrency: dict) -> float | None:
     return b4["tok_s"] / b1["tok_s"]
 
 
-def targets(result: dict) -> list[Target]:
+def targets(result: dict) -> list[Goal]:
     out = []
     tp = result["throughput"]
     goal = SPEEDUP_GOAL[result["meta"]["scale"]]
     out.append(
-        Target(
+        Goal(
             f"decode tok/s vs transformers ({result['meta']['scale']})",
             tp["decode_speedup"],
             f">= {goal:g}x",
@@ -52,10 +52,10 @@ def targets(result: dict) -> list[Target]:
     )
     for name, us in HOST_P50_GOAL_US.items():
         p50 = result["host_overhead"]["samplers"][name]["step_us"]["p50"]
-        out.append(Target(f"host per step p50, {name} (us)", p50, f"< {us:g}", p50 < us))
+        out.append(Goal(f"host per step p50, {name} (us)", p50, f"< {us:g}", p50 < us))
     grammar = result["constrained"]["cases"][GRAMMAR_CASE]["step_us"]["p50"]
     out.append(
-        Target(
+        Goal(
             f"host per step p50, {GRAMMAR_CASE} (us)",
             grammar,
             f"< {GRAMMAR_P50_GOAL_US:g}",
@@ -66,7 +66,7 @@ def targets(result: dict) -> list[Target]:
     if ratio is not None:
         in_process = result["batching"]["ratio_with_prefills"]
         out.append(
-            Target(
+            Goal(
                 f"batch 4 / batch 1 tok/s at {BATCH_STREAMS} streams",
                 ratio,
                 f">= {BATCH_GOAL:g}x (in process: {in_process:.2f}x)",
@@ -77,7 +77,7 @@ def targets(result: dict) -> list[Target]:
     if long:
         reuse, inter = long["reuse"]["ttft_no_reuse_over_reuse"], long["interleave"]["itl_p99_whole_over_chunked"]
         out.append(
-            Target(
+            Goal(
                 "second-turn TTFT, prefill again / reuse the prefix",
                 reuse,
                 f">= {REUSE_TTFT_GOAL:g}x",
@@ -85,7 +85,7 @@ def targets(result: dict) -> list[Target]:
             )
         )
         out.append(
-            Target(
+            Goal(
                 "ITL p99 beside long prompts, whole prompt / chunked",
                 inter,
                 f">= {CHUNKED_P99_GOAL:g}x",
@@ -94,7 +94,7 @@ def targets(result: dict) -> list[Target]:
         )
     mem = result["memory"]
     out.append(
-        Target(
+        Goal(
             "slim server RSS (MB)",
             mem["server_rss_mb"],
             f"<= {mem['budget_mb']:.0f}",
@@ -105,7 +105,7 @@ def targets(result: dict) -> list[Target]:
         s["imports"]["import_log_armed"] and not s["imports"]["transformers_model_module_imported"]
         for s in result["concurrency"]["servers"].values()
     )
-    out.append(Target("no transformers model in the server", clean, "never imported", clean))
+    out.append(Goal("no transformers model in the server", clean, "never imported", clean))
     return out
 
 

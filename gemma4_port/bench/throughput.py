@@ -25,7 +25,7 @@ PROMPTS = (
 
 
 @dataclass
-class Run:
+class TokenTimes:
     ttft: float  # seconds from the call to the first new token
     gaps: list[float]  # seconds between consecutive new tokens
     tokens: list[int]
@@ -35,7 +35,7 @@ class Run:
         return len(self.gaps) / sum(self.gaps) if self.gaps else float("nan")
 
 
-def ours(runner, ids: list[int], n: int) -> Run:
+def ours(runner, ids: list[int], n: int) -> TokenTimes:
     """Greedy through ModelRunner exactly as the engine drives it: prefill, then one decode per token."""
     t0 = time.perf_counter()
     tok = argmax(runner.prefill_prompt(0, ids))
@@ -45,7 +45,7 @@ def ours(runner, ids: list[int], n: int) -> Run:
         stamps.append(time.perf_counter())
         tokens.append(tok)
     runner.free(0)
-    return Run(stamps[0] - t0, np.diff(stamps).tolist(), tokens)
+    return TokenTimes(stamps[0] - t0, np.diff(stamps).tolist(), tokens)
 
 
 def _clock():
@@ -67,7 +67,7 @@ def _clock():
     return Clock()
 
 
-def transformers_generate(model, ids: list[int], n: int) -> Run:
+def transformers_generate(model, ids: list[int], n: int) -> TokenTimes:
     clock = _clock()
     t0 = time.perf_counter()
     # min_new_tokens masks EOS, so both sides produce exactly n tokens.
@@ -80,10 +80,10 @@ def transformers_generate(model, ids: list[int], n: int) -> Run:
         streamer=clock,
     )
     stamps = clock.stamps[1:]  # the first push is the prompt itself
-    return Run(stamps[0] - t0, np.diff(stamps).tolist(), [int(v.reshape(-1)[0]) for v in clock.values[1:]])
+    return TokenTimes(stamps[0] - t0, np.diff(stamps).tolist(), [int(v.reshape(-1)[0]) for v in clock.values[1:]])
 
 
-def _side(runs: list[Run]) -> dict:
+def _side(runs: list[TokenTimes]) -> dict:
     return {
         "decode_tok_s": float(np.median([r.decode_tok_s for r in runs])),
         "ttft_ms": float(np.median([r.ttft for r in runs]) * 1e3),
@@ -110,7 +110,7 @@ def measure(folder: Path, new_tokens: int, repeats: int, warmup_calls: int) -> t
     for ids in prompts * warmup_calls:  # every prefill bucket the prompts use, and the decode graph
         for run in sides.values():
             run(ids, warmup_calls + 1)
-    runs: dict[str, list[Run]] = {name: [] for name in sides}
+    runs: dict[str, list[TokenTimes]] = {name: [] for name in sides}
     for r in range(repeats):
         for i, ids in enumerate(prompts):
             order = list(sides) if (r + i) % 2 == 0 else list(reversed(sides))

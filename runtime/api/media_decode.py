@@ -18,7 +18,8 @@ import soundfile
 from PIL import Image, UnidentifiedImageError
 from transformers.audio_utils import load_audio
 
-from runtime.api.media_fetch import MediaError, MediaLimitError
+from runtime.api.media_fetch import MediaLimitError
+from runtime.model.media import MediaError
 from runtime.settings import MediaLimits
 
 # libsndfile's name of each format OpenAI's `input_audio.format` names

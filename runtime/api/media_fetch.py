@@ -24,8 +24,8 @@ import urllib.parse
 import certifi
 import urllib3
 
-from contract.errors import Gemma4Error
 from runtime.log_gate import shown
+from runtime.model.media import MediaError
 from runtime.settings import MediaLimits
 
 CHUNK_BYTES = 64 * 1024
@@ -33,10 +33,6 @@ USER_AGENT = "gemma4-inf2 (media fetch)"
 # Ranges that carry another address inside (6to4, NAT64): refused whole, as vLLM does, rather than
 # judged by the address they would reach.
 TUNNELS = (ipaddress.ip_network("2002::/16"), ipaddress.ip_network("64:ff9b::/96"))
-
-
-class MediaError(Gemma4Error, ValueError):
-    """A media part the server will not take; the message says why (a 400, named by its part)."""
 
 
 class MediaLimitError(MediaError):

@@ -21,9 +21,9 @@ from transformers.models.gemma4 import Gemma4AudioFeatureExtractor, Gemma4ImageP
 
 from contract.artifact import AUDIO_PROCESSOR, IMAGE_PROCESSOR
 from runtime.api import media_decode, media_fetch
-from runtime.api.media_fetch import MediaError, MediaLimitError
+from runtime.api.media_fetch import MediaLimitError
 from runtime.model.loader import LoadedModel
-from runtime.model.media import MediaInput
+from runtime.model.media import MediaError, MediaInput
 from runtime.settings import MediaLimits
 
 Kind = Literal["image", "audio"]

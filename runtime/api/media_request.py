@@ -9,13 +9,13 @@ import contextlib
 import functools
 from collections.abc import Iterator
 
-from runtime.api.media_fetch import MediaError, MediaLimitError
+from runtime.api.media_fetch import MediaLimitError
 from runtime.api.media_prompt import MediaPart, Prepared, check_counts, expand, prepare
 from runtime.api.openai_errors import RETRY_AFTER_S, APIError
 from runtime.api.state import server_state
 from runtime.bounded import Busy, Late
 from runtime.generate.engine import Engine
-from runtime.model.media import MediaInput
+from runtime.model.media import MediaError, MediaInput
 
 
 @contextlib.contextmanager

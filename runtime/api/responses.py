@@ -23,7 +23,7 @@ from typing import Any
 from runtime.api.bodies import engine_failure
 from runtime.api.openai_errors import APIError
 from runtime.api.reply_parser import Content, Piece, Reasoning, ReplyParser, ToolCall
-from runtime.api.responses_protocol import NamedFunction, ResponsesRequest
+from runtime.api.responses_protocol import ResponsesRequest, ResponsesToolChoice
 from runtime.generate.sequence import Delta, Failed, Job
 
 
@@ -63,7 +63,7 @@ class Meta:
             "instructions": b.instructions,
             "tools": [t.model_dump(exclude_none=True) for t in b.tools or ()],
             "tool_choice": b.tool_choice.model_dump()
-            if isinstance(b.tool_choice, NamedFunction)
+            if isinstance(b.tool_choice, ResponsesToolChoice)
             else b.tool_choice or "auto",
             "parallel_tool_calls": b.parallel_tool_calls is not False,
             "temperature": b.temperature,

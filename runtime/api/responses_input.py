@@ -8,9 +8,9 @@ from runtime.api.openai_errors import APIError
 from runtime.api.responses_protocol import (
     FunctionCallItem,
     FunctionCallOutputItem,
-    NamedFunction,
     ReasoningItem,
     ResponsesRequest,
+    ResponsesToolChoice,
 )
 
 
@@ -81,7 +81,7 @@ def chat_request(body: ResponsesRequest) -> dict:
     }
     if body.tools:
         out["tools"] = [t.chat() for t in body.tools]
-    if isinstance(body.tool_choice, NamedFunction):
+    if isinstance(body.tool_choice, ResponsesToolChoice):
         out["tool_choice"] = {"type": "function", "function": {"name": body.tool_choice.name}}
     else:
         out["tool_choice"] = body.tool_choice

@@ -18,7 +18,7 @@ from runtime.api.openai_errors import APIError
 from runtime.api.protocol import LenientModel
 
 
-class TextPart(LenientModel):
+class ResponseTextPart(LenientModel):
     """A text part of a message's content."""
 
     type: Literal["input_text", "output_text", "text", "refusal"]
@@ -77,7 +77,7 @@ class InputAudioPart(LenientModel):
         return MediaPart("audio", f"{where}.input_audio.data", self.input_audio.data, self.input_audio.format)
 
 
-InputPart = Annotated[TextPart | InputImagePart | InputAudioPart, Discriminator("type")]
+InputPart = Annotated[ResponseTextPart | InputImagePart | InputAudioPart, Discriminator("type")]
 
 
 class MessageItem(LenientModel):
@@ -94,7 +94,7 @@ class MessageItem(LenientModel):
         # An assistant's or a system's image would be dropped from its text or refused by the chat
         # request under the chat's own path; refused here, named by this item's.
         if self.role != "user" and not isinstance(self.content, str):
-            if any(not isinstance(p, TextPart) for p in self.content):
+            if any(not isinstance(p, ResponseTextPart) for p in self.content):
                 raise ValueError("only user messages carry input_image and input_audio parts")
         return self
 
@@ -102,11 +102,11 @@ class MessageItem(LenientModel):
         """The text parts joined (the media parts are the chat message's: chat_content)."""
         if isinstance(self.content, str):
             return self.content
-        return "".join(p.value() for p in self.content if isinstance(p, TextPart))
+        return "".join(p.value() for p in self.content if isinstance(p, ResponseTextPart))
 
     def chat_content(self, where: str) -> str | list[dict]:
         """The content as a chat message carries it: the text, or its parts in order when one is media."""
-        if isinstance(self.content, str) or all(isinstance(p, TextPart) for p in self.content):
+        if isinstance(self.content, str) or all(isinstance(p, ResponseTextPart) for p in self.content):
             return self.text()
         return [p.chat(f"{where}.content.{j}") for j, p in enumerate(self.content)]
 
@@ -128,7 +128,7 @@ class FunctionCallItem(LenientModel):
 class FunctionCallOutputItem(LenientModel):
     type: Literal["function_call_output"]
     call_id: str
-    output: str | list[TextPart]
+    output: str | list[ResponseTextPart]
     id: str | None = None
     status: str | None = None
 
@@ -186,7 +186,7 @@ class FunctionTool(LenientModel):
         return {"type": "function", "function": {k: v for k, v in fn.items() if v is not None}}
 
 
-class NamedFunction(LenientModel):
+class ResponsesToolChoice(LenientModel):
     type: Literal["function"]
     name: str
 
@@ -223,7 +223,7 @@ class ResponsesRequest(LenientModel):
     input: Annotated[list[InputItem], BeforeValidator(_items)]
     instructions: str | None = None
     tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedFunction | None = None
+    tool_choice: Literal["none", "auto", "required"] | ResponsesToolChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None

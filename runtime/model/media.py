@@ -13,7 +13,7 @@ from contract.errors import Gemma4Error
 
 
 class MediaError(Gemma4Error, ValueError):
-    pass
+    """A media part the server will not take; the message says why (a 400, named by its part)."""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,8 @@ TINY = {  # layout -> (tiny manifest, variant)
     "batch4": ("tiny-e2b", "b4"),
     "tp2-device-prefill": ("tiny-e4b", "tp2-bf16"),
     "tp2-host-prefill": ("tiny-e4b", "tp2-host"),
+    "tp2-speculative": ("tiny-e2b", "spec-tp2"),  # verify and draft keys on the decoder's KV state
+    "tp2-media": ("tiny-e2b", "media-tp2"),  # the image and audio encoders, a tp 1 model beside the tp 2 one
 }
 REAL = {"e2b": "gemma-4-e2b", "e4b": "gemma-4-e4b", "12b": "gemma-4-12b"}  # target -> shipped manifest
 # Of the tiny layouts, the one whose server answers a request and the one that runs `build.py bench`

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import requests
@@ -20,6 +21,13 @@ PROMPTS = (
     "def fibonacci(n):",
     "Inferentia2 has two NeuronCores and",
 )
+
+
+def sse_chunks(response: requests.Response) -> Iterator[dict]:
+    """A streamed OpenAI response's events, each parsed, the closing [DONE] left out."""
+    for line in response.iter_lines():
+        if line.startswith(b"data: ") and line != b"data: [DONE]":
+            yield json.loads(line[6:])
 
 
 @dataclass
@@ -52,10 +60,7 @@ def stream_completion(
             if r.status_code != 200:
                 return Outcome(r.status_code, error=r.text[:200])
             stamps, tokens = [], 0
-            for line in r.iter_lines():
-                if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                    continue
-                chunk = json.loads(line[6:])
+            for chunk in sse_chunks(r):
                 if chunk.get("usage"):
                     tokens = chunk["usage"]["completion_tokens"]
                 if chunk.get("error"):

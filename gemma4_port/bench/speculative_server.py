@@ -7,7 +7,6 @@ the identity each pass emits one token of its own besides those it accepts."""
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from gemma4_port.bench.concurrency import sse_chunks
 from gemma4_port.bench.server import Server
 from gemma4_port.bench.stats import ratio, summary
 
@@ -44,10 +44,7 @@ def stream_chat(url: str, model: str, body: dict, disable: bool, timeout_s: floa
     stamps, tokens = [], 0
     with requests.post(url + "/v1/chat/completions", json=request, stream=True, timeout=timeout_s) as r:
         r.raise_for_status()
-        for line in r.iter_lines():
-            if not line.startswith(b"data: ") or line == b"data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
+        for chunk in sse_chunks(r):
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             if chunk.get("choices") and (chunk["choices"][0].get("delta") or {}):
